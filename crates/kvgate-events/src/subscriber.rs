@@ -1,0 +1,498 @@
+//! The async ZMQ subscriber for one publisher (one replica, one DP rank).
+//!
+//! It connects a SUB socket to the engine's PUB endpoint and, when one is
+//! configured, asks the engine's ROUTER replay endpoint for batches it did
+//! not see. Sequence numbers decide what happens ([`SeqTracker`]):
+//!
+//! * first connect with replay: replay the whole buffer from seq 0, so that a
+//!   router started next to a running engine learns what it already holds;
+//!   a buffer that already wrapped (first seq > 0) marks the view degraded;
+//! * a gap, or a reconnect: replay from the last seq + 1;
+//! * no replay endpoint, a replay that cannot cover the gap, or a publisher
+//!   restart (seq went backwards): emit [`Update::Reset`] so that the caller
+//!   clears this replica's view and rebuilds it from new events, instead of
+//!   trusting a stale one.
+//!
+//! Everything observable goes out as [`Update`]s on a channel, in order; the
+//! counters in [`SubscriberMetrics`] are shared with whoever exports them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use zeromq::{
+    DealerSocket, Socket, SocketEvent, SocketOptions, SocketRecv, SocketSend, SubSocket, ZmqMessage,
+};
+
+use crate::decode::decode_batch;
+use crate::error::DecodeError;
+use crate::frames::{parse_pub, parse_replay, replay_request, ReplayReply};
+use crate::seq::{SeqTracker, Verdict};
+use crate::types::Batch;
+
+/// Where and how to subscribe.
+#[derive(Clone, Debug)]
+pub struct SubscriberConfig {
+    /// The engine's PUB endpoint, e.g. `tcp://10.0.0.5:5557`.
+    pub endpoint: String,
+    /// The engine's ROUTER replay endpoint, if it has one.
+    pub replay_endpoint: Option<String>,
+    /// Topic prefix filter; empty subscribes to everything.
+    pub topic: String,
+    /// How long one replay may take before it counts as failed.
+    pub replay_timeout: Duration,
+    /// How long one connection attempt may take.
+    pub connect_timeout: Duration,
+    /// First reconnect delay; doubles up to `backoff_max`.
+    pub backoff_initial: Duration,
+    /// Longest reconnect delay.
+    pub backoff_max: Duration,
+}
+
+impl SubscriberConfig {
+    /// Defaults for `endpoint`: no replay, no topic filter.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            replay_endpoint: None,
+            topic: String::new(),
+            replay_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+            backoff_initial: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Why the subscriber asked for the view to be reset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResetReason {
+    /// A gap, and no replay endpoint to fill it.
+    GapWithoutReplay {
+        /// First missing seq.
+        from: u64,
+        /// The seq received.
+        to: u64,
+    },
+    /// The replay buffer no longer holds the first missing batch.
+    ReplayCannotCover {
+        /// The first seq wanted.
+        wanted: u64,
+        /// The first seq the replay had, if any.
+        first: Option<u64>,
+    },
+    /// The replay endpoint failed or timed out.
+    ReplayFailed(String),
+    /// The seq went backwards: the engine restarted with an empty cache.
+    PublisherRestarted {
+        /// The seq expected.
+        expected: u64,
+        /// The seq received.
+        got: u64,
+    },
+}
+
+impl std::fmt::Display for ResetReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ResetReason::GapWithoutReplay { from, to } => {
+                write!(f, "gap {from}..{to} and no replay endpoint")
+            }
+            ResetReason::ReplayCannotCover { wanted, first } => {
+                write!(f, "replay buffer starts at {first:?}, needed {wanted}")
+            }
+            ResetReason::ReplayFailed(e) => write!(f, "replay failed: {e}"),
+            ResetReason::PublisherRestarted { expected, got } => {
+                write!(f, "publisher restarted: expected seq {expected}, got {got}")
+            }
+        }
+    }
+}
+
+/// Everything the subscriber observes, in order.
+#[derive(Clone, Debug)]
+pub enum Update {
+    /// The SUB socket (re)connected.
+    Connected,
+    /// The SUB connection dropped; the socket reconnects by itself.
+    Disconnected,
+    /// A decoded batch, live or replayed; apply it.
+    Batch {
+        /// Its sequence number.
+        seq: u64,
+        /// Its contents.
+        batch: Batch,
+        /// Whether it came from the replay endpoint.
+        replayed: bool,
+    },
+    /// Batches `from..to` were missed on the live stream.
+    Gap {
+        /// First missing seq.
+        from: u64,
+        /// The seq received.
+        to: u64,
+    },
+    /// A replay completed.
+    Replayed {
+        /// The seq asked for.
+        from: u64,
+        /// Batches received.
+        count: u64,
+        /// First and last seq received.
+        range: Option<(u64, u64)>,
+    },
+    /// Clear this replica's view before applying the batches that follow.
+    Reset {
+        /// Why.
+        reason: ResetReason,
+    },
+    /// The view is incomplete but usable (e.g. the replay buffer had already
+    /// wrapped when we started).
+    Degraded {
+        /// Why, for operators.
+        reason: String,
+    },
+    /// A batch that could not be decoded; its events are lost.
+    DecodeError {
+        /// Its sequence number.
+        seq: u64,
+        /// What was wrong.
+        error: DecodeError,
+    },
+}
+
+/// Counters, shared with whatever exports them.
+#[derive(Debug, Default)]
+pub struct SubscriberMetrics {
+    /// Batches applied (live and replayed).
+    pub batches: AtomicU64,
+    /// Events in those batches.
+    pub events: AtomicU64,
+    /// Gaps detected on the live stream.
+    pub gaps: AtomicU64,
+    /// Batches received through replay.
+    pub replayed_batches: AtomicU64,
+    /// Resets emitted.
+    pub resets: AtomicU64,
+    /// Payloads or frames that failed to decode.
+    pub decode_errors: AtomicU64,
+    /// Live batches dropped as duplicates of replayed ones.
+    pub duplicates: AtomicU64,
+    /// Reconnects of the SUB socket.
+    pub reconnects: AtomicU64,
+}
+
+impl SubscriberMetrics {
+    fn inc(counter: &AtomicU64, by: u64) {
+        counter.fetch_add(by, Ordering::Relaxed);
+    }
+}
+
+/// Errors that stop the subscriber.
+#[derive(Debug, thiserror::Error)]
+pub enum SubscriberError {
+    /// The receiver of updates was dropped.
+    #[error("update receiver closed")]
+    ReceiverClosed,
+    /// The endpoint string is not a valid ZMQ endpoint.
+    #[error("invalid endpoint {endpoint}: {error}")]
+    Endpoint {
+        /// The endpoint given.
+        endpoint: String,
+        /// What was wrong.
+        error: String,
+    },
+}
+
+/// One subscriber; [`Subscriber::run`] drives it until shutdown.
+#[derive(Debug)]
+pub struct Subscriber {
+    config: SubscriberConfig,
+    metrics: Arc<SubscriberMetrics>,
+    tx: mpsc::Sender<Update>,
+    tracker: SeqTracker,
+}
+
+type Replayed = Vec<(u64, Bytes)>;
+
+impl Subscriber {
+    /// A subscriber that sends its updates on `tx`.
+    pub fn new(
+        config: SubscriberConfig,
+        metrics: Arc<SubscriberMetrics>,
+        tx: mpsc::Sender<Update>,
+    ) -> Self {
+        Self { config, metrics, tx, tracker: SeqTracker::new() }
+    }
+
+    /// Runs until `shutdown` completes or the update receiver is dropped.
+    pub async fn run(
+        mut self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), SubscriberError> {
+        tokio::pin!(shutdown);
+        let (mut sub, mut monitor) = tokio::select! {
+            s = self.connect() => s?,
+            () = &mut shutdown => return Ok(()),
+        };
+        self.send(Update::Connected).await?;
+        if self.config.replay_endpoint.is_some() {
+            self.initial_replay().await?;
+        }
+        let mut disconnected = false;
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                ev = monitor.next() => match ev {
+                    Some(SocketEvent::Disconnected(_)) => {
+                        disconnected = true;
+                        self.send(Update::Disconnected).await?;
+                    }
+                    Some(SocketEvent::Connected(..)) if disconnected => {
+                        disconnected = false;
+                        SubscriberMetrics::inc(&self.metrics.reconnects, 1);
+                        self.send(Update::Connected).await?;
+                        self.resync_after_reconnect().await?;
+                    }
+                    Some(_) => {}
+                    // The socket dropped its monitor: nothing more to learn there.
+                    None => monitor = futures::channel::mpsc::channel(1).1,
+                },
+                msg = sub.recv() => match msg {
+                    Ok(msg) => self.on_live(&msg.into_vec()).await?,
+                    Err(e) => {
+                        tracing::warn!(endpoint = %self.config.endpoint, error = %e, "zmq receive failed; reconnecting");
+                        let (s, m) = self.connect().await?;
+                        sub = s;
+                        monitor = m;
+                        self.send(Update::Connected).await?;
+                        self.resync_after_reconnect().await?;
+                    }
+                },
+            }
+        }
+    }
+
+    /// Connects the SUB socket, retrying with backoff until it succeeds.
+    async fn connect(
+        &self,
+    ) -> Result<(SubSocket, futures::channel::mpsc::Receiver<SocketEvent>), SubscriberError> {
+        let mut delay = self.config.backoff_initial;
+        loop {
+            let mut options = SocketOptions::default();
+            options.connect_timeout(self.config.connect_timeout);
+            let mut sub = SubSocket::with_options(options);
+            let monitor = sub.monitor();
+            let attempt = async {
+                sub.connect(&self.config.endpoint).await?;
+                sub.subscribe(&self.config.topic).await
+            };
+            match attempt.await {
+                Ok(()) => return Ok((sub, monitor)),
+                Err(zeromq::ZmqError::Endpoint(e)) => {
+                    return Err(SubscriberError::Endpoint {
+                        endpoint: self.config.endpoint.clone(),
+                        error: e.to_string(),
+                    })
+                }
+                Err(e) => {
+                    tracing::warn!(endpoint = %self.config.endpoint, error = %e, retry_in = ?delay, "kv events: connect failed");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(self.config.backoff_max);
+                }
+            }
+        }
+    }
+
+    async fn send(&self, update: Update) -> Result<(), SubscriberError> {
+        self.tx.send(update).await.map_err(|_| SubscriberError::ReceiverClosed)
+    }
+
+    /// On first connect, learn what the engine already holds.
+    async fn initial_replay(&mut self) -> Result<(), SubscriberError> {
+        match self.replay(0).await {
+            Ok(items) => {
+                if let Some(&(first, _)) = items.first() {
+                    if first > 0 {
+                        self.send(Update::Degraded {
+                            reason: format!(
+                                "replay buffer already wrapped (first seq {first}); blocks stored before it are unknown"
+                            ),
+                        })
+                        .await?;
+                    }
+                }
+                self.apply_replayed(0, items).await
+            }
+            Err(e) => {
+                self.send(Update::Degraded { reason: format!("initial replay failed: {e}") }).await
+            }
+        }
+    }
+
+    /// After a reconnect, fetch whatever was published while we were away.
+    async fn resync_after_reconnect(&mut self) -> Result<(), SubscriberError> {
+        let Some(next) = self.tracker.next_expected() else { return Ok(()) };
+        if self.config.replay_endpoint.is_none() {
+            // Nothing to fill a possible gap with; the next live seq tells
+            // whether anything was missed (gap → reset).
+            return Ok(());
+        }
+        match self.replay(next).await {
+            // Nothing newer, or a restarted publisher whose seqs are all
+            // below `next`: the next live batch decides.
+            Ok(items) if items.iter().all(|(s, _)| *s < next) => Ok(()),
+            Ok(items) => self.cover_or_reset(next, items).await,
+            Err(e) => self.reset(ResetReason::ReplayFailed(e)).await,
+        }
+    }
+
+    async fn on_live(&mut self, frames: &[Bytes]) -> Result<(), SubscriberError> {
+        let refs: Vec<&[u8]> = frames.iter().map(|f| f.as_ref()).collect();
+        let msg = match parse_pub(&refs) {
+            Ok(m) => m,
+            Err(error) => {
+                SubscriberMetrics::inc(&self.metrics.decode_errors, 1);
+                tracing::warn!(endpoint = %self.config.endpoint, %error, "kv events: bad frames");
+                return Ok(());
+            }
+        };
+        let (seq, payload) = (msg.seq, msg.payload);
+        match self.tracker.classify(seq) {
+            Verdict::Deliver => self.deliver(seq, payload, false).await,
+            Verdict::Duplicate => {
+                SubscriberMetrics::inc(&self.metrics.duplicates, 1);
+                Ok(())
+            }
+            Verdict::Gap { from, to } => {
+                SubscriberMetrics::inc(&self.metrics.gaps, 1);
+                self.send(Update::Gap { from, to }).await?;
+                if self.config.replay_endpoint.is_none() {
+                    self.reset(ResetReason::GapWithoutReplay { from, to }).await?;
+                    return self.deliver(seq, payload, false).await;
+                }
+                match self.replay(from).await {
+                    Ok(items) => self.cover_or_reset(from, items).await?,
+                    Err(e) => self.reset(ResetReason::ReplayFailed(e)).await?,
+                }
+                self.deliver_if_next(seq, payload).await
+            }
+            Verdict::Restarted { expected, got } => {
+                self.reset(ResetReason::PublisherRestarted { expected, got }).await?;
+                if self.config.replay_endpoint.is_some() {
+                    // The new process's buffer starts at 0: it covers
+                    // everything this engine has stored since it started.
+                    match self.replay(0).await {
+                        Ok(items) => self.apply_replayed(0, items).await?,
+                        Err(e) => {
+                            self.send(Update::Degraded {
+                                reason: format!("replay after restart failed: {e}"),
+                            })
+                            .await?
+                        }
+                    }
+                }
+                self.deliver_if_next(seq, payload).await
+            }
+        }
+    }
+
+    /// Applies a replay that was asked to start at `from`, or resets when it
+    /// starts later (the buffer no longer holds `from`).
+    async fn cover_or_reset(&mut self, from: u64, items: Replayed) -> Result<(), SubscriberError> {
+        let first = items.first().map(|(s, _)| *s);
+        if first != Some(from) {
+            self.reset(ResetReason::ReplayCannotCover { wanted: from, first }).await?;
+        }
+        self.apply_replayed(from, items).await
+    }
+
+    async fn apply_replayed(&mut self, from: u64, items: Replayed) -> Result<(), SubscriberError> {
+        let count = items.len() as u64;
+        let range = items.first().zip(items.last()).map(|(a, b)| (a.0, b.0));
+        SubscriberMetrics::inc(&self.metrics.replayed_batches, count);
+        self.tracker.replay_started(from);
+        for (seq, payload) in items {
+            // At-least-once: skip what we already applied.
+            if self.tracker.next_expected().is_some_and(|n| seq < n) {
+                continue;
+            }
+            self.deliver(seq, &payload, true).await?;
+        }
+        self.send(Update::Replayed { from, count, range }).await
+    }
+
+    async fn deliver_if_next(&mut self, seq: u64, payload: &[u8]) -> Result<(), SubscriberError> {
+        match self.tracker.next_expected() {
+            Some(n) if seq < n => Ok(()),
+            _ => self.deliver(seq, payload, false).await,
+        }
+    }
+
+    async fn deliver(
+        &mut self,
+        seq: u64,
+        payload: &[u8],
+        replayed: bool,
+    ) -> Result<(), SubscriberError> {
+        self.tracker.applied(seq, !replayed);
+        match decode_batch(payload) {
+            Ok(batch) => {
+                SubscriberMetrics::inc(&self.metrics.batches, 1);
+                SubscriberMetrics::inc(&self.metrics.events, batch.events.len() as u64);
+                self.send(Update::Batch { seq, batch, replayed }).await
+            }
+            Err(error) => {
+                SubscriberMetrics::inc(&self.metrics.decode_errors, 1);
+                tracing::warn!(endpoint = %self.config.endpoint, seq, %error, "kv events: undecodable batch");
+                self.send(Update::DecodeError { seq, error }).await
+            }
+        }
+    }
+
+    async fn reset(&mut self, reason: ResetReason) -> Result<(), SubscriberError> {
+        SubscriberMetrics::inc(&self.metrics.resets, 1);
+        tracing::warn!(endpoint = %self.config.endpoint, %reason, "kv events: resetting view");
+        self.tracker.reset();
+        self.send(Update::Reset { reason }).await
+    }
+
+    /// Asks the replay endpoint for every buffered batch with seq ≥ `from`.
+    async fn replay(&self, from: u64) -> Result<Replayed, String> {
+        let Some(endpoint) = self.config.replay_endpoint.as_deref() else {
+            return Err("no replay endpoint".to_owned());
+        };
+        let fetch = async {
+            let mut options = SocketOptions::default();
+            options.connect_timeout(self.config.connect_timeout);
+            let mut dealer = DealerSocket::with_options(options);
+            dealer.connect(endpoint).await.map_err(|e| e.to_string())?;
+            let request = ZmqMessage::try_from(vec![
+                Bytes::new(),
+                Bytes::copy_from_slice(&replay_request(from)),
+            ])
+            .map_err(|e| e.to_string())?;
+            dealer.send(request).await.map_err(|e| e.to_string())?;
+            let mut items = Vec::new();
+            loop {
+                let reply = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
+                let refs: Vec<&[u8]> = reply.iter().map(|f| f.as_ref()).collect();
+                match parse_replay(&refs).map_err(|e| e.to_string())? {
+                    ReplayReply::End => return Ok(items),
+                    ReplayReply::Batch { seq, .. } => {
+                        // The payload is the last frame in both shapes.
+                        let payload = reply.last().cloned().unwrap_or_default();
+                        items.push((seq, payload));
+                    }
+                }
+            }
+        };
+        match tokio::time::timeout(self.config.replay_timeout, fetch).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("no end marker within {:?}", self.config.replay_timeout)),
+        }
+    }
+}

@@ -1,0 +1,31 @@
+//! `kvgate`: the one binary. A thin shell over the library crates: it parses
+//! flags, sets up logging and a runtime, and hands off to one subcommand.
+//! Later subcommands (`serve`, `sim`, `replay`) arrive with their issues.
+
+mod cli;
+mod events_tail;
+
+use clap::Parser;
+
+fn main() -> anyhow::Result<()> {
+    let cli = cli::Cli::parse();
+    init_logging(cli.log.as_deref());
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match cli.command {
+        cli::Command::Events(cli::EventsCommand::Tail(args)) => {
+            runtime.block_on(events_tail::run(args))
+        }
+    }
+}
+
+/// Logs go to stderr so that stdout stays machine-readable (`--json`).
+fn init_logging(filter: Option<&str>) {
+    let filter = filter
+        .map(str::to_owned)
+        .or_else(|| std::env::var("RUST_LOG").ok())
+        .unwrap_or_else(|| "info".to_owned());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The project's one test command (README, CI): prepares the Python side of the
+# interop tests (a venv under .cache/, git-ignored) and runs every Rust test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup-test-env.sh >/dev/null
+export KVGATE_TEST_PYTHON="$PWD/.cache/venv/bin/python"
+
+cargo test --workspace --all-targets "$@"
