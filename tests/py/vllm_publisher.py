@@ -340,7 +340,8 @@ def encode_batch(batch: msgspec.Struct) -> bytes:
 
 class Publisher:
     def __init__(self, layout: Layout, topic: str, hash_form: str, buffer_steps: int,
-                 dp_rank: int, replay_frames: int) -> None:
+                 dp_rank: int, replay_frames: int, pub_port: int = 0,
+                 replay_port: int = 0) -> None:
         self.layout = layout
         self.topic = topic.encode("utf-8")
         self.hash_form = hash_form
@@ -352,14 +353,22 @@ class Publisher:
         self.pub.setsockopt(zmq.LINGER, 0)
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.pub_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        self.replay_port = self.router.bind_to_random_port("tcp://127.0.0.1")
+        # Fixed ports let a test restart the process on the same endpoints.
+        self.pub_port = self._bind(self.pub, pub_port)
+        self.replay_port = self._bind(self.router, replay_port)
         self.lock = threading.Lock()
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self.next_seq = 0
         self.replay_requests = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._serve_replay, name="replay", daemon=True)
+
+    @staticmethod
+    def _bind(sock: zmq.Socket, port: int) -> int:
+        if port == 0:
+            return sock.bind_to_random_port("tcp://127.0.0.1")
+        sock.bind(f"tcp://127.0.0.1:{port}")
+        return port
 
     def start(self) -> None:
         self.thread.start()
@@ -470,13 +479,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="data_parallel_rank put in batches whose command gives none")
     ap.add_argument("--replay-frames", choices=("auto", "2", "3"), default="auto",
                     help="override the layout's replay frame shape")
+    ap.add_argument("--pub-port", type=int, default=0, help="PUB port (0: random)")
+    ap.add_argument("--replay-port", type=int, default=0, help="ROUTER port (0: random)")
     args = ap.parse_args(argv)
     if args.buffer_steps < 1:
         ap.error("--buffer-steps must be at least 1")
 
     layout = LAYOUTS[args.layout]
     frames = layout.replay_frames if args.replay_frames == "auto" else int(args.replay_frames)
-    pub = Publisher(layout, args.topic, args.hash_form, args.buffer_steps, args.dp_rank, frames)
+    pub = Publisher(layout, args.topic, args.hash_form, args.buffer_steps, args.dp_rank, frames,
+                    args.pub_port, args.replay_port)
     pub.start()
     print(f"READY pub=tcp://127.0.0.1:{pub.pub_port} replay=tcp://127.0.0.1:{pub.replay_port}", flush=True)
     try:

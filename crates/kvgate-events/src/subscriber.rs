@@ -86,6 +86,12 @@ pub enum ResetReason {
     },
     /// The replay endpoint failed or timed out.
     ReplayFailed(String),
+    /// After a reconnect the publisher no longer had our last seq: it
+    /// restarted while we were away.
+    RestartedWhileDisconnected {
+        /// The last seq applied before the disconnect.
+        last: u64,
+    },
     /// The seq went backwards: the engine restarted with an empty cache.
     PublisherRestarted {
         /// The seq expected.
@@ -105,6 +111,9 @@ impl std::fmt::Display for ResetReason {
                 write!(f, "replay buffer starts at {first:?}, needed {wanted}")
             }
             ResetReason::ReplayFailed(e) => write!(f, "replay failed: {e}"),
+            ResetReason::RestartedWhileDisconnected { last } => {
+                write!(f, "publisher restarted while disconnected: it no longer has seq {last}")
+            }
             ResetReason::PublisherRestarted { expected, got } => {
                 write!(f, "publisher restarted: expected seq {expected}, got {got}")
             }
@@ -243,10 +252,11 @@ impl Subscriber {
             self.initial_replay().await?;
         }
         let mut disconnected = false;
+        let mut monitor_open = true;
         loop {
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
-                ev = monitor.next() => match ev {
+                ev = monitor.next(), if monitor_open => match ev {
                     Some(SocketEvent::Disconnected(_)) => {
                         disconnected = true;
                         self.send(Update::Disconnected).await?;
@@ -259,7 +269,7 @@ impl Subscriber {
                     }
                     Some(_) => {}
                     // The socket dropped its monitor: nothing more to learn there.
-                    None => monitor = futures::channel::mpsc::channel(1).1,
+                    None => monitor_open = false,
                 },
                 msg = sub.recv() => match msg {
                     Ok(msg) => self.on_live(&msg.into_vec()).await?,
@@ -268,6 +278,7 @@ impl Subscriber {
                         let (s, m) = self.connect().await?;
                         sub = s;
                         monitor = m;
+                        monitor_open = true;
                         self.send(Update::Connected).await?;
                         self.resync_after_reconnect().await?;
                     }
@@ -334,18 +345,33 @@ impl Subscriber {
     }
 
     /// After a reconnect, fetch whatever was published while we were away.
+    ///
+    /// The replay starts one batch early, at the last seq we applied: the
+    /// same publisher still has it, so an empty answer means the process
+    /// restarted while we were disconnected (its buffer starts again at 0),
+    /// even if it has published nothing since.
     async fn resync_after_reconnect(&mut self) -> Result<(), SubscriberError> {
         let Some(next) = self.tracker.next_expected() else { return Ok(()) };
         if self.config.replay_endpoint.is_none() {
             // Nothing to fill a possible gap with; the next live seq tells
-            // whether anything was missed (gap → reset).
+            // whether anything was missed (gap → reset) or restarted.
             return Ok(());
         }
-        match self.replay(next).await {
-            // Nothing newer, or a restarted publisher whose seqs are all
-            // below `next`: the next live batch decides.
-            Ok(items) if items.iter().all(|(s, _)| *s < next) => Ok(()),
-            Ok(items) => self.cover_or_reset(next, items).await,
+        let last = next.saturating_sub(1);
+        match self.replay(last).await {
+            Ok(items) if items.is_empty() => {
+                self.reset(ResetReason::RestartedWhileDisconnected { last }).await?;
+                match self.replay(0).await {
+                    Ok(items) => self.apply_replayed(0, items).await,
+                    Err(e) => {
+                        self.send(Update::Degraded {
+                            reason: format!("replay after restart failed: {e}"),
+                        })
+                        .await
+                    }
+                }
+            }
+            Ok(items) => self.cover_or_reset(last, items).await,
             Err(e) => self.reset(ResetReason::ReplayFailed(e)).await,
         }
     }

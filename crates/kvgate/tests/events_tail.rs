@@ -310,3 +310,37 @@ fn gap_without_replay_resets() {
     assert_eq!(summary["blocks"]["GPU"], json!(1));
     assert_eq!(summary["gaps"], json!(1));
 }
+
+/// A real publisher restart: the process dies and a new one binds the same
+/// ports with an empty cache and seq back at 0. The subscriber reconnects by
+/// itself, sees seq go backwards, resets, and learns the new process's
+/// buffer through replay; nothing from the old process survives.
+#[test]
+fn process_restart_on_same_ports_reconnects_and_resets() {
+    let mut first = Publisher::start("0.26", &[]);
+    let ports: Vec<String> = [&first.pub_ep, &first.replay_ep]
+        .iter()
+        .map(|ep| ep.rsplit(':').next().unwrap().to_owned())
+        .collect();
+    let mut tail = Tail::start(&first, true, &[]);
+    for i in 0..3u64 {
+        first.publish(
+            json!([stored(&[10 + i], if i == 0 { None } else { Some(9 + i) }, i as u32 * 4)]),
+            false,
+        );
+    }
+    tail.wait_for(|v| v["type"] == "BlockStored" && v["seq"] == 2);
+    drop(first);
+    tail.wait_for(|v| v["type"] == "Disconnected");
+    let mut second =
+        Publisher::start("0.26", &["--pub-port", &ports[0], "--replay-port", &ports[1]]);
+    second.publish(json!([stored(&[500, 501], None, 1000)]), false);
+    tail.wait_for(|v| v["type"] == "Connected");
+    // The new process's seq 0 arrives live or through the reconnect replay.
+    let reset = tail.wait_for(|v| v["type"] == "Reset");
+    assert!(reset["reason"].as_str().unwrap().contains("restarted"), "{reset}");
+    tail.wait_for(|v| v["type"] == "BlockStored" && v["block_hashes"] == json!([500, 501]));
+    let (seen, summary) = tail.finish();
+    assert_eq!(summary["blocks"]["GPU"], json!(2), "{seen:#?}");
+    assert_eq!(summary["anomalies"]["unknown_parent"], json!(0));
+}
