@@ -1,0 +1,50 @@
+//! `kvgate-index`: a sans-IO, content-hashed index of which KV-cache blocks
+//! each vLLM replica holds, per residency tier (GPU, CPU, storage).
+//!
+//! The router feeds it the replicas' KV events ([`Index::apply`]) and asks it,
+//! for a prompt's block keys ([`block_keys`]), how long a prefix each replica
+//! already holds ([`Index::find_matches`]). It does no I/O and reads no clock:
+//! time comes in as `now`, so tests and the simulator drive it directly.
+//!
+//! Code map:
+//! - `keys.rs`: [`BlockKey`] and [`chain_key`], our own chained content hash,
+//!   shared by the query side and event application.
+//! - `replica.rs`: [`ReplicaId`], [`ReplicaSpec`] and a replica's own map from
+//!   engine hash to our key, tiers and insertion order.
+//! - `holders.rs`: the global map from key to replica bitsets per tier.
+//! - `index.rs`: [`Index`] and replica management.
+//! - `apply.rs`: applying events, with every anomaly counted.
+//! - `capacity.rs`: the per-tier memory bound and bulk eviction.
+//! - `query.rs`: [`PrefixMatch`] and the bitset prefix scan.
+//! - `stats.rs`: [`ApplyOutcome`], [`Anomalies`], [`IndexStats`].
+//!
+//! Architecture invariants:
+//! - A holder bit (key, replica, tier) is set exactly when that replica has at
+//!   least one engine hash mapped to that key with that tier.
+//! - Stores whose parent is unknown are dropped whole, so stores never create
+//!   a block without its ancestors (the index stays prefix-closed).
+//! - No replica holds more than its capacity plus slack blocks in any tier.
+//! - Nothing here depends on tokio, directly or not.
+
+mod apply;
+mod capacity;
+mod error;
+mod holders;
+mod index;
+mod keys;
+mod query;
+mod replica;
+mod stats;
+#[cfg(test)]
+mod testutil;
+
+pub use capacity::{capacity_slack, DEFAULT_CAPACITY_BLOCKS};
+pub use error::IndexError;
+pub use index::Index;
+pub use keys::{
+    block_keys, block_keys_with_extra, chain_key, extend_block_keys, BlockKey, ROOT_KEY,
+};
+pub use kvgate_events::Tier;
+pub use query::PrefixMatch;
+pub use replica::{ReplicaId, ReplicaSpec};
+pub use stats::{Anomalies, ApplyOutcome, IndexStats, ReplicaStats};
