@@ -692,10 +692,14 @@ proptest! {
 /// oldest-first bulk eviction (and checks that it did happen).
 #[test]
 fn over_capacity_evictions_agree_with_the_model() {
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 64,
-        ..ProptestConfig::default()
-    });
+    // A fixed seed: the final assertion checks that the generated streams
+    // really overflow a tier, which must not depend on luck.
+    let mut runner = proptest::test_runner::TestRunner::new_with_rng(
+        ProptestConfig { cases: 64, ..ProptestConfig::default() },
+        proptest::test_runner::TestRng::deterministic_rng(
+            proptest::test_runner::RngAlgorithm::ChaCha,
+        ),
+    );
     let evictions = std::cell::Cell::new(0u64);
     let small_tiers = prop::collection::vec((1u32..3, (0u64..6).prop_map(Some)), 1..3);
     let stream = prop::collection::vec(op(true), 200..600);
