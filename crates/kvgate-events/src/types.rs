@@ -153,6 +153,29 @@ pub struct BlockStored {
 }
 
 impl BlockStored {
+    /// A GPU store of full blocks with every optional field unset, as a
+    /// base-model engine without hybrid groups publishes it.
+    pub fn new(
+        block_hashes: Vec<BlockHash>,
+        parent_block_hash: Option<BlockHash>,
+        token_ids: Vec<u32>,
+        block_size: u32,
+    ) -> BlockStored {
+        BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            lora_id: None,
+            medium: None,
+            lora_name: None,
+            extra_keys: None,
+            group_idx: None,
+            kv_cache_spec_kind: None,
+            kv_cache_spec_sliding_window: None,
+        }
+    }
+
     /// A CPU-offload placeholder names hashes that GPU events already
     /// described, without tokens.
     pub fn is_placeholder(&self) -> bool {

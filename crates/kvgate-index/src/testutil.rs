@@ -12,35 +12,19 @@ pub(crate) fn stored(
     tokens: &[u32],
     block_size: u32,
 ) -> Event {
-    Event::Stored(BlockStored {
-        block_hashes: hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
-        parent_block_hash: parent.map(BlockHash::Int),
-        token_ids: tokens.to_vec(),
+    Event::Stored(BlockStored::new(
+        hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
+        parent.map(BlockHash::Int),
+        tokens.to_vec(),
         block_size,
-        lora_id: None,
-        medium: None,
-        lora_name: None,
-        extra_keys: None,
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
-    })
+    ))
 }
 
 /// A hashless CPU-offload placeholder store.
 pub(crate) fn placeholder(hashes: &[u64], medium: Medium) -> Event {
     Event::Stored(BlockStored {
-        block_hashes: hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
-        parent_block_hash: None,
-        token_ids: Vec::new(),
-        block_size: 0,
-        lora_id: None,
         medium: Some(medium),
-        lora_name: None,
-        extra_keys: None,
-        group_idx: None,
-        kv_cache_spec_kind: None,
-        kv_cache_spec_sliding_window: None,
+        ..BlockStored::new(hashes.iter().map(|h| BlockHash::Int(*h)).collect(), None, Vec::new(), 0)
     })
 }
 

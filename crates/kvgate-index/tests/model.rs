@@ -505,17 +505,16 @@ impl Harness {
                     }
                 };
                 let event = Event::Stored(BlockStored {
-                    block_hashes: hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
-                    parent_block_hash: parent_block_hash.map(BlockHash::Int),
-                    token_ids,
-                    block_size,
-                    lora_id: None,
                     medium: medium(*tier),
                     lora_name: lora.then(|| "adapter".to_owned()),
-                    extra_keys: None,
                     group_idx: Some(0),
                     kv_cache_spec_kind: Some("full_attention".to_owned()),
-                    kv_cache_spec_sliding_window: None,
+                    ..BlockStored::new(
+                        hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
+                        parent_block_hash.map(BlockHash::Int),
+                        token_ids,
+                        block_size,
+                    )
                 });
                 self.apply(slot, &event);
             }
@@ -539,17 +538,13 @@ impl Harness {
             Op::Placeholder { replica, hashes, tier } => {
                 let slot = self.slot(*replica);
                 let event = Event::Stored(BlockStored {
-                    block_hashes: hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
-                    parent_block_hash: None,
-                    token_ids: Vec::new(),
-                    block_size: 0,
-                    lora_id: None,
                     medium: medium(*tier),
-                    lora_name: None,
-                    extra_keys: None,
-                    group_idx: None,
-                    kv_cache_spec_kind: None,
-                    kv_cache_spec_sliding_window: None,
+                    ..BlockStored::new(
+                        hashes.iter().map(|h| BlockHash::Int(*h)).collect(),
+                        None,
+                        Vec::new(),
+                        0,
+                    )
                 });
                 self.apply(slot, &event);
             }

@@ -79,19 +79,12 @@ pub fn engine_events(tokens: &[u32], engine_seed: u64) -> Vec<Event> {
             h = xxh3_64_with_seed(&bytes, h ^ engine_seed);
             hashes.push(BlockHash::Int(h));
         }
-        events.push(Event::Stored(BlockStored {
-            block_hashes: hashes,
-            parent_block_hash: parent.map(BlockHash::Int),
-            token_ids: chunk.to_vec(),
-            block_size: BLOCK_SIZE as u32,
-            lora_id: None,
-            medium: None,
-            lora_name: None,
-            extra_keys: None,
-            group_idx: None,
-            kv_cache_spec_kind: None,
-            kv_cache_spec_sliding_window: None,
-        }));
+        events.push(Event::Stored(BlockStored::new(
+            hashes,
+            parent.map(BlockHash::Int),
+            chunk.to_vec(),
+            BLOCK_SIZE as u32,
+        )));
         parent = Some(h);
     }
     events
