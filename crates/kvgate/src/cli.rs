@@ -20,6 +20,18 @@ pub(crate) enum Command {
     /// Tools for vLLM KV-cache event streams.
     #[command(subcommand)]
     Events(EventsCommand),
+    /// Tokenize one vLLM `/tokenize` request body read from stdin, exactly as
+    /// the engine would, and print `{"tokens":[...],"count":N}`.
+    Tokenize(TokenizeArgs),
+}
+
+/// Flags of `kvgate tokenize`.
+#[derive(Debug, Args)]
+pub(crate) struct TokenizeArgs {
+    /// A Hugging Face model directory (tokenizer.json, tokenizer_config.json,
+    /// optional chat_template.jinja). Default: the bundled Qwen3 tokenizer.
+    #[arg(long)]
+    pub(crate) model_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

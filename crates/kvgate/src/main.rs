@@ -4,17 +4,30 @@
 
 mod cli;
 mod events_tail;
+mod tokenize_cmd;
 
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // One line with the whole cause chain; no backtrace for operators.
+            eprintln!("kvgate: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = cli::Cli::parse();
     init_logging(cli.log.as_deref());
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.command {
         cli::Command::Events(cli::EventsCommand::Tail(args)) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(events_tail::run(args))
         }
+        cli::Command::Tokenize(args) => tokenize_cmd::run(&args),
     }
 }
 
