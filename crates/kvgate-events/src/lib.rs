@@ -16,6 +16,8 @@ pub mod decode;
 pub mod encode;
 pub mod error;
 pub mod frames;
+#[cfg(feature = "publisher")]
+pub mod publisher;
 pub mod seq;
 #[cfg(feature = "subscriber")]
 pub mod subscriber;
