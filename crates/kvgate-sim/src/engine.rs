@@ -1,0 +1,668 @@
+//! The engine: vLLM v1's scheduler loop over the block pool, in virtual time.
+//!
+//! One [`Engine::step`] is one engine iteration (`vllm/v1/core/sched/scheduler.py`,
+//! `Scheduler.schedule` then `update_from_output`):
+//!
+//! 1. **Running first.** Each running request, oldest first, gets its
+//!    remaining tokens (a prefill chunk, or one decode token) capped by the
+//!    step's token budget. If its blocks cannot be allocated, the *newest*
+//!    running request is preempted (recompute: blocks freed, progress reset,
+//!    pushed to the front of the waiting queue) until it fits; if it is itself
+//!    the newest, it is preempted and the running pass ends.
+//! 2. **Then waiting, FCFS**, only if nothing was preempted this step, while
+//!    `max_num_seqs` and the budget allow. Each admitted request first takes
+//!    its prefix hit: the longest run of cached GPU blocks from the start, then
+//!    CPU-tier blocks continuing it, capped at `num_tokens - 1` tokens
+//!    (`kv_cache_manager.get_computed_blocks`: the last token is always
+//!    recomputed). Cached tokens cost no budget. If allocation fails, admission
+//!    stops for this step.
+//! 3. **Allocation** (`allocate_slots`) touches hit blocks, takes new ones from
+//!    the free queue (evicting cached ones → `BlockRemoved`, and offloading
+//!    them to the CPU tier → CPU `BlockStored`), then registers every block that
+//!    the scheduled tokens fill (`cache_full_blocks` → `BlockStored`, chained).
+//! 4. **Execution.** A request whose known tokens are all computed samples one
+//!    output token: deterministic filler, EOS by a deterministic draw past
+//!    `min_tokens` unless `ignore_eos`, `Length` at `max_tokens`. Finished
+//!    requests free their blocks tail first (so the tail is evicted first).
+//!
+//! The step's duration comes from [`crate::TimingModel`]; the driver advances
+//! its own clock by it. Tokens of a step are produced at `now + duration`.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use kvgate_events::{BlockHash, BlockRemoved, BlockStored, Event, Medium};
+use rustc_hash::FxHashMap;
+
+use crate::config::EngineConfig;
+use crate::error::SimError;
+use crate::hash::{BlockHasher, Hash32};
+use crate::pool::{BlockMeta, CpuTier, GpuPool};
+
+/// Caller-chosen request identity (the HTTP shell maps its string ids).
+pub type RequestId = u64;
+
+/// Output filler tokens cycle through `FILLER_BASE..FILLER_BASE + FILLER_CYCLE`.
+pub const FILLER_BASE: u32 = 1000;
+/// Length of the filler cycle.
+pub const FILLER_CYCLE: u32 = 1000;
+
+/// Why a request stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// Reached `max_tokens`.
+    Length,
+    /// Emitted EOS.
+    Stop,
+}
+
+/// One sampled output token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenOutput {
+    /// The request.
+    pub request_id: RequestId,
+    /// The token id.
+    pub token: u32,
+    /// The request's first output token (its TTFT ends here).
+    pub is_first: bool,
+    /// Set on the request's last token.
+    pub finished: Option<FinishReason>,
+    /// Prompt tokens served from cache at first admission (GPU + CPU), as
+    /// vLLM reports in `usage.prompt_tokens_details.cached_tokens`.
+    pub cached_tokens: u32,
+}
+
+/// What one step did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepOutput {
+    /// How long the step takes; the driver advances its clock by this.
+    pub duration: Duration,
+    /// Tokens sampled in this step, produced at `now + duration`.
+    pub tokens: Vec<TokenOutput>,
+    /// KV events caused by this step (and by a preceding prefix-cache reset),
+    /// in order: one vLLM event batch.
+    pub events: Vec<Event>,
+    /// Requests scheduled in this step.
+    pub num_scheduled: usize,
+    /// Prefill tokens computed in this step.
+    pub prefill_tokens: u64,
+    /// Sequences that decoded one token in this step.
+    pub decode_seqs: usize,
+    /// Requests preempted in this step.
+    pub preempted: Vec<RequestId>,
+}
+
+/// Counters and gauges, named after vLLM's metrics where one exists.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    /// `vllm:num_requests_running`.
+    pub running: usize,
+    /// `vllm:num_requests_waiting`.
+    pub waiting: usize,
+    /// `vllm:kv_cache_usage_perc` (0–1): referenced GPU blocks / all.
+    pub kv_usage: f64,
+    /// `vllm:prefix_cache_queries_total` (tokens), counted per admission.
+    pub prefix_cache_queries: u64,
+    /// `vllm:prefix_cache_hits_total` (tokens, GPU hits).
+    pub prefix_cache_hits: u64,
+    /// `vllm:num_preemptions_total`.
+    pub preemptions: u64,
+    /// Tokens loaded from the CPU tier (external hits).
+    pub external_hit_tokens: u64,
+    /// Blocks loaded from the CPU tier.
+    pub external_hit_blocks: u64,
+    /// Hashes cached on the GPU.
+    pub gpu_cached_blocks: usize,
+    /// Hashes held by the CPU tier.
+    pub cpu_cached_blocks: usize,
+    /// Steps run.
+    pub steps: u64,
+    /// Requests finished (not aborted).
+    pub finished: u64,
+    /// Requests aborted.
+    pub aborted: u64,
+    /// Output tokens produced.
+    pub generated_tokens: u64,
+    /// Sum of time-to-first-token over first tokens, seconds.
+    pub ttft_sum_s: f64,
+    /// Number of first tokens.
+    pub ttft_count: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Request {
+    tokens: Vec<u32>,
+    hashes: Vec<Hash32>,
+    blocks: Vec<u32>,
+    num_computed: usize,
+    num_cached_blocks: usize,
+    num_output: u32,
+    max_tokens: u32,
+    min_tokens: u32,
+    ignore_eos: bool,
+    arrival: Duration,
+    cached_tokens: Option<u32>,
+}
+
+/// A simulated vLLM engine. Sans-IO: no clocks, no sockets, no threads.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    block_size: usize,
+    hasher: BlockHasher,
+    gpu: GpuPool,
+    cpu: Option<CpuTier>,
+    requests: FxHashMap<RequestId, Request>,
+    running: Vec<RequestId>,
+    waiting: VecDeque<RequestId>,
+    pending_events: Vec<Event>,
+    stats: EngineStats,
+}
+
+/// Where a scheduled request stands in this step.
+struct Scheduled {
+    id: RequestId,
+    num_new: usize,
+}
+
+impl Engine {
+    /// An engine with empty caches. Fails on an invalid config.
+    pub fn new(config: EngineConfig) -> Result<Engine, SimError> {
+        config.validate()?;
+        let block_size = config.block_size as usize;
+        let cpu = (config.num_cpu_blocks > 0).then(|| CpuTier::new(config.num_cpu_blocks as usize));
+        Ok(Engine {
+            block_size,
+            hasher: BlockHasher::new(config.hash_seed, config.hash_bytes),
+            gpu: GpuPool::new(
+                config.num_gpu_blocks as usize,
+                block_size,
+                config.self_describing_cpu_events && config.num_cpu_blocks > 0,
+            ),
+            cpu,
+            requests: FxHashMap::default(),
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            pending_events: Vec::new(),
+            stats: EngineStats::default(),
+            config,
+        })
+    }
+
+    /// The validated config.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Queues a request at the back of the waiting queue. `now` is its
+    /// arrival time (for TTFT stats). `min_tokens` is clamped to `max_tokens`.
+    pub fn add_request(
+        &mut self,
+        id: RequestId,
+        prompt_tokens: Vec<u32>,
+        max_tokens: u32,
+        min_tokens: u32,
+        ignore_eos: bool,
+        now: Duration,
+    ) -> Result<(), SimError> {
+        if self.requests.contains_key(&id) {
+            return Err(SimError::DuplicateRequest(id));
+        }
+        if prompt_tokens.is_empty() {
+            return Err(SimError::EmptyPrompt(id));
+        }
+        if max_tokens == 0 {
+            return Err(SimError::ZeroMaxTokens(id));
+        }
+        let tokens = prompt_tokens.len() as u64 + u64::from(max_tokens);
+        if tokens > self.config.max_model_len() {
+            return Err(SimError::TooLong {
+                id,
+                tokens,
+                max_model_len: self.config.max_model_len(),
+            });
+        }
+        let mut hashes = Vec::with_capacity(prompt_tokens.len() / self.block_size + 1);
+        self.hasher.extend_full_blocks(&mut hashes, &prompt_tokens, self.block_size);
+        self.requests.insert(
+            id,
+            Request {
+                tokens: prompt_tokens,
+                hashes,
+                blocks: Vec::new(),
+                num_computed: 0,
+                num_cached_blocks: 0,
+                num_output: 0,
+                max_tokens,
+                min_tokens: min_tokens.min(max_tokens),
+                ignore_eos,
+                arrival: now,
+                cached_tokens: None,
+            },
+        );
+        self.waiting.push_back(id);
+        Ok(())
+    }
+
+    /// Drops a request wherever it is; its blocks are freed (and stay cached).
+    /// Returns whether it existed.
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        let Some(r) = self.requests.remove(&id) else { return false };
+        self.gpu.free_blocks(r.blocks.iter().rev().copied());
+        self.running.retain(|&x| x != id);
+        self.waiting.retain(|&x| x != id);
+        self.stats.aborted += 1;
+        true
+    }
+
+    /// Whether a step would do anything.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Prefix hit of a request at its first admission (GPU + CPU tokens), or
+    /// `None` if unknown or not admitted yet.
+    pub fn request_cached_tokens(&self, id: RequestId) -> Option<u32> {
+        self.requests.get(&id).and_then(|r| r.cached_tokens)
+    }
+
+    /// Clears the prefix cache (GPU and CPU tiers) and queues `AllCleared` for
+    /// the next step's events. Refused (false) while any request is running,
+    /// as vLLM refuses while blocks are in use.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if !self.running.is_empty() || !self.gpu.reset() {
+            return false;
+        }
+        if let Some(cpu) = &mut self.cpu {
+            cpu.clear();
+        }
+        for r in self.requests.values_mut() {
+            r.num_cached_blocks = 0;
+        }
+        self.pending_events.push(Event::AllCleared);
+        true
+    }
+
+    /// Counters and gauges now.
+    pub fn stats(&self) -> EngineStats {
+        let mut s = self.stats.clone();
+        s.running = self.running.len();
+        s.waiting = self.waiting.len();
+        s.kv_usage = self.gpu.num_used() as f64 / self.gpu.num_blocks() as f64;
+        s.gpu_cached_blocks = self.gpu.num_cached();
+        s.cpu_cached_blocks = self.cpu.as_ref().map_or(0, CpuTier::len);
+        s
+    }
+
+    /// The GPU-cached block hashes, in published form (for contract tests).
+    pub fn gpu_cached_hashes(&self) -> Vec<BlockHash> {
+        self.gpu.cached_hashes().map(|h| self.hasher.publish(h)).collect()
+    }
+
+    /// The CPU-tier block hashes, in published form.
+    pub fn cpu_cached_hashes(&self) -> Vec<BlockHash> {
+        self.cpu.iter().flat_map(|c| c.hashes()).map(|h| self.hasher.publish(h)).collect()
+    }
+
+    /// Checks block accounting: reference counts equal the request tables,
+    /// free + used = total, the cached map matches the blocks, the CPU tier is
+    /// consistent, and waiting requests hold no blocks.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut refs = vec![0u32; self.gpu.num_blocks()];
+        for (id, r) in &self.requests {
+            let running = self.running.contains(id);
+            if !running && !r.blocks.is_empty() {
+                return Err(format!("waiting request {id} holds blocks"));
+            }
+            if r.blocks.len() * self.block_size < r.num_computed {
+                return Err(format!("request {id} computed more tokens than its blocks hold"));
+            }
+            for &b in &r.blocks {
+                match refs.get_mut(b as usize) {
+                    Some(c) => *c += 1,
+                    None => return Err(format!("request {id} holds unknown block {b}")),
+                }
+            }
+        }
+        if self.running.len() + self.waiting.len() != self.requests.len() {
+            return Err("running + waiting != requests".into());
+        }
+        if self.running.len() > self.config.max_num_seqs as usize {
+            return Err("more running than max_num_seqs".into());
+        }
+        self.gpu.check(&refs)?;
+        if let Some(cpu) = &self.cpu {
+            cpu.check()?;
+        }
+        Ok(())
+    }
+
+    /// Runs one engine iteration at virtual time `now`.
+    pub fn step(&mut self, now: Duration) -> StepOutput {
+        let mut out = StepOutput {
+            events: std::mem::take(&mut self.pending_events),
+            ..StepOutput::default()
+        };
+        if !self.has_work() {
+            return out;
+        }
+        self.stats.steps += 1;
+        let mut budget = self.config.max_num_batched_tokens as usize;
+        let mut scheduled: Vec<Scheduled> = Vec::new();
+        let mut load_blocks = 0usize;
+
+        // 1. Running requests, oldest first.
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let id = self.running[i];
+            let Some(r) = self.requests.get(&id) else {
+                self.running.remove(i);
+                continue;
+            };
+            let num_new = r.tokens.len().saturating_sub(r.num_computed).min(budget);
+            if num_new == 0 {
+                i += 1;
+                continue;
+            }
+            let mut fits = true;
+            while !self.allocate(id, num_new, &[], 0, &mut out.events) {
+                let Some(victim) = self.running.pop() else {
+                    fits = false;
+                    break;
+                };
+                self.preempt(victim);
+                out.preempted.push(victim);
+                if victim == id {
+                    fits = false;
+                    break;
+                }
+            }
+            if !fits {
+                break;
+            }
+            scheduled.push(Scheduled { id, num_new });
+            budget -= num_new;
+            i += 1;
+        }
+
+        // 2. Waiting requests, FCFS, unless this step preempted.
+        if out.preempted.is_empty() {
+            while budget > 0 && self.running.len() < self.config.max_num_seqs as usize {
+                let Some(&id) = self.waiting.front() else { break };
+                let Some(r) = self.requests.get(&id) else {
+                    self.waiting.pop_front();
+                    continue;
+                };
+                let (gpu_hits, n_cpu) = self.find_prefix_hit(r);
+                let hit_tokens = (gpu_hits.len() + n_cpu) * self.block_size;
+                let num_new = r.tokens.len().saturating_sub(hit_tokens).min(budget);
+                let num_tokens = r.tokens.len() as u64;
+                if let Some(cpu) = &mut self.cpu {
+                    let loaded = r.hashes.get(gpu_hits.len()..gpu_hits.len() + n_cpu);
+                    for h in loaded.unwrap_or_default() {
+                        cpu.touch(h);
+                    }
+                }
+                if !self.allocate(id, num_new, &gpu_hits, n_cpu, &mut out.events) {
+                    break;
+                }
+                self.stats.prefix_cache_queries += num_tokens;
+                self.stats.prefix_cache_hits += (gpu_hits.len() * self.block_size) as u64;
+                self.stats.external_hit_blocks += n_cpu as u64;
+                self.stats.external_hit_tokens += (n_cpu * self.block_size) as u64;
+                if let Some(r) = self.requests.get_mut(&id) {
+                    r.cached_tokens.get_or_insert(hit_tokens as u32);
+                }
+                load_blocks += n_cpu;
+                self.waiting.pop_front();
+                self.running.push(id);
+                scheduled.push(Scheduled { id, num_new });
+                budget -= num_new;
+            }
+        }
+
+        // Timing: prefill tokens vs decoding sequences in this batch.
+        for s in &scheduled {
+            let decoding = s.num_new == 1
+                && self
+                    .requests
+                    .get(&s.id)
+                    .is_some_and(|r| r.num_output > 0 && r.num_computed + 1 == r.tokens.len());
+            if decoding {
+                out.decode_seqs += 1;
+            } else {
+                out.prefill_tokens += s.num_new as u64;
+            }
+        }
+        out.num_scheduled = scheduled.len();
+        let kv_fraction = self.gpu.num_used() as f64 / self.gpu.num_blocks() as f64;
+        out.duration = self.config.timing.step_duration(
+            out.prefill_tokens,
+            kv_fraction,
+            out.decode_seqs,
+            load_blocks as f64 * self.config.cpu_load_ms_per_block,
+        );
+
+        // 3. Execute: advance progress, sample tokens, finish requests.
+        let done_at = now.saturating_add(out.duration);
+        let mut any_finished = false;
+        for s in &scheduled {
+            let Some(r) = self.requests.get_mut(&s.id) else { continue };
+            r.num_computed += s.num_new;
+            if r.num_computed < r.tokens.len() {
+                continue;
+            }
+            let is_first = r.num_output == 0;
+            r.num_output += 1;
+            let k = r.num_output;
+            let eos =
+                !r.ignore_eos && k > r.min_tokens && eos_draw(s.id, k, self.config.eos_probability);
+            let finished = if eos {
+                Some(FinishReason::Stop)
+            } else if k >= r.max_tokens {
+                Some(FinishReason::Length)
+            } else {
+                None
+            };
+            let token =
+                if eos { self.config.eos_token_id } else { FILLER_BASE + (k - 1) % FILLER_CYCLE };
+            if is_first {
+                self.stats.ttft_sum_s += done_at.saturating_sub(r.arrival).as_secs_f64();
+                self.stats.ttft_count += 1;
+            }
+            self.stats.generated_tokens += 1;
+            out.tokens.push(TokenOutput {
+                request_id: s.id,
+                token,
+                is_first,
+                finished,
+                cached_tokens: r.cached_tokens.unwrap_or(0),
+            });
+            if finished.is_some() {
+                if let Some(r) = self.requests.remove(&s.id) {
+                    self.gpu.free_blocks(r.blocks.iter().rev().copied());
+                }
+                self.stats.finished += 1;
+                any_finished = true;
+            } else {
+                r.tokens.push(token);
+                self.hasher.extend_full_blocks(&mut r.hashes, &r.tokens, self.block_size);
+            }
+        }
+        if any_finished {
+            let requests = &self.requests;
+            self.running.retain(|id| requests.contains_key(id));
+        }
+        out
+    }
+
+    /// Longest cached prefix: GPU blocks from the start, then CPU-tier blocks
+    /// continuing it, capped so at least one token is computed.
+    fn find_prefix_hit(&self, r: &Request) -> (Vec<u32>, usize) {
+        let max_blocks = (r.tokens.len().saturating_sub(1) / self.block_size).min(r.hashes.len());
+        let mut gpu_hits = Vec::new();
+        for h in &r.hashes[..max_blocks] {
+            match self.gpu.lookup(h) {
+                Some(b) => gpu_hits.push(b),
+                None => break,
+            }
+        }
+        let n_cpu = match &self.cpu {
+            Some(cpu) => {
+                r.hashes[gpu_hits.len()..max_blocks].iter().take_while(|h| cpu.contains(h)).count()
+            }
+            None => 0,
+        };
+        (gpu_hits, n_cpu)
+    }
+
+    /// vLLM's `allocate_slots`: room for `num_new` more tokens after the hits
+    /// (GPU hit blocks and `n_cpu` blocks loaded from the CPU tier), then
+    /// registration of every block the step fills. False, with nothing
+    /// changed, when the free queue is too short.
+    fn allocate(
+        &mut self,
+        id: RequestId,
+        num_new: usize,
+        gpu_hits: &[u32],
+        n_cpu: usize,
+        events: &mut Vec<Event>,
+    ) -> bool {
+        let bs = self.block_size;
+        let Some(r) = self.requests.get_mut(&id) else { return false };
+        let computed = r.num_computed + (gpu_hits.len() + n_cpu) * bs;
+        let total = computed + num_new;
+        let need = total.div_ceil(bs);
+        let have = r.blocks.len() + gpu_hits.len();
+        let new_blocks = need.saturating_sub(have);
+        let evictable_hits = gpu_hits.iter().filter(|&&b| self.gpu.ref_cnt(b) == 0).count();
+        if new_blocks + evictable_hits > self.gpu.num_free() {
+            return false;
+        }
+        for &b in gpu_hits {
+            self.gpu.touch(b);
+            r.blocks.push(b);
+        }
+        let mut evicted = Vec::new();
+        for _ in 0..new_blocks {
+            match self.gpu.get_new_block(&mut evicted) {
+                Some(b) => r.blocks.push(b),
+                None => break,
+            }
+        }
+        r.num_computed = computed;
+        emit_evictions(&self.hasher, self.cpu.as_mut(), &self.config, evicted, events);
+
+        // cache_full_blocks: every block the scheduled tokens fill.
+        let n_full = total.min(r.tokens.len()) / bs;
+        let mut run_start: Option<usize> = None;
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for i in r.num_cached_blocks..n_full.min(r.blocks.len()).min(r.hashes.len()) {
+            let b = r.blocks[i];
+            let newly = !self.gpu.is_filled(b)
+                && self.gpu.register(
+                    b,
+                    r.hashes[i],
+                    i.checked_sub(1).map(|p| r.hashes[p]),
+                    &r.tokens[i * bs..(i + 1) * bs],
+                );
+            match (newly, run_start) {
+                (true, None) => run_start = Some(i),
+                (false, Some(s)) => {
+                    runs.push((s, i));
+                    run_start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(s) = run_start {
+            runs.push((s, n_full.min(r.blocks.len()).min(r.hashes.len())));
+        }
+        r.num_cached_blocks = r.num_cached_blocks.max(n_full);
+        for (s, e) in runs {
+            let mut ev = BlockStored::new(
+                r.hashes[s..e].iter().map(|h| self.hasher.publish(h)).collect(),
+                s.checked_sub(1).map(|p| self.hasher.publish(&r.hashes[p])),
+                r.tokens[s * bs..e * bs].to_vec(),
+                self.config.block_size,
+            );
+            ev.medium = Some(Medium::Gpu);
+            events.push(Event::Stored(ev));
+        }
+        true
+    }
+
+    /// Recompute preemption: free the blocks (tail first), reset progress,
+    /// back to the front of the waiting queue.
+    fn preempt(&mut self, id: RequestId) {
+        if let Some(r) = self.requests.get_mut(&id) {
+            self.gpu.free_blocks(r.blocks.iter().rev().copied());
+            r.blocks.clear();
+            r.num_computed = 0;
+            r.num_cached_blocks = 0;
+            self.waiting.push_front(id);
+            self.stats.preemptions += 1;
+        }
+    }
+}
+
+/// `BlockRemoved` (GPU) for evicted cached blocks, then their offload to the
+/// CPU tier: CPU `BlockRemoved` for what the tier evicts, CPU `BlockStored`
+/// (placeholder or self-describing) for what it gains.
+fn emit_evictions(
+    hasher: &BlockHasher,
+    cpu: Option<&mut CpuTier>,
+    config: &EngineConfig,
+    evicted: Vec<(BlockMeta, Vec<u32>)>,
+    events: &mut Vec<Event>,
+) {
+    if evicted.is_empty() {
+        return;
+    }
+    events.push(Event::Removed(BlockRemoved {
+        block_hashes: evicted.iter().map(|(m, _)| hasher.publish(&m.hash)).collect(),
+        medium: Some(Medium::Gpu),
+        group_idx: None,
+    }));
+    let Some(cpu) = cpu else { return };
+    for (meta, tokens) in evicted {
+        let (new, dropped) = cpu.insert(meta.hash);
+        if let Some(old) = dropped {
+            events.push(Event::Removed(BlockRemoved {
+                block_hashes: vec![hasher.publish(&old)],
+                medium: Some(Medium::Cpu),
+                group_idx: None,
+            }));
+        }
+        if new {
+            let mut ev = if config.self_describing_cpu_events {
+                BlockStored::new(
+                    vec![hasher.publish(&meta.hash)],
+                    meta.parent.as_ref().map(|p| hasher.publish(p)),
+                    tokens,
+                    config.block_size,
+                )
+            } else {
+                BlockStored::new(vec![hasher.publish(&meta.hash)], None, Vec::new(), 0)
+            };
+            ev.medium = Some(Medium::Cpu);
+            events.push(Event::Stored(ev));
+        }
+    }
+}
+
+/// Deterministic EOS draw for output token `k` of request `id`: splitmix64
+/// of (id, k) mapped to [0, 1) compared with `p`.
+fn eos_draw(id: RequestId, k: u32, p: f64) -> bool {
+    if p <= 0.0 {
+        return false;
+    }
+    let mut z = id.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(k);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    ((z >> 11) as f64 / (1u64 << 53) as f64) < p
+}
+
+#[cfg(test)]
+mod tests;

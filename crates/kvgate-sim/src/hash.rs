@@ -1,0 +1,143 @@
+//! Engine block hashes, computed the way vLLM computes them: a chain of
+//! sha256 digests over (parent hash, block tokens, extra keys), rooted at a
+//! seeded `NONE_HASH`.
+//!
+//! vLLM (`vllm/v1/core/kv_cache_utils.py`, `hash_block_tokens`, `NONE_HASH`,
+//! `sha256_cbor`) hashes the CBOR encoding of the tuple
+//! `(parent_hash, token_ids, extra_keys)`; its root `NONE_HASH` is random per
+//! process unless `PYTHONHASHSEED` is set. We keep the properties the router
+//! must not depend on (chained, seeded, opaque, different between replicas)
+//! but use a simpler serialisation, which is part of no wire format:
+//!
+//! ```text
+//! NONE_HASH  = sha256("kvgate-sim NONE_HASH" || seed as 8 bytes little-endian)
+//! block_hash = sha256(parent (32 bytes, NONE_HASH for the first block)
+//!                     || n_tokens as u32 LE || each token as u32 LE
+//!                     || n_extra_key_bytes as u32 LE (0 today))
+//! ```
+//!
+//! Published as a u64 (the last 8 bytes, big-endian, as vLLM's
+//! `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1` does) or as the 32 raw bytes.
+
+use std::hash::{BuildHasher, Hasher};
+
+use kvgate_events::BlockHash;
+use sha2::{Digest, Sha256};
+
+/// A full 32-byte engine block hash; the engine's internal identity of a block.
+pub type Hash32 = [u8; 32];
+
+/// Computes chained block hashes for one engine process.
+#[derive(Clone, Debug)]
+pub struct BlockHasher {
+    none_hash: Hash32,
+    hash_bytes: bool,
+}
+
+impl BlockHasher {
+    /// A hasher rooted at a `NONE_HASH` derived from `seed`; `None` draws a
+    /// random seed for this process (std's `RandomState`, no extra crate).
+    pub fn new(seed: Option<u64>, hash_bytes: bool) -> BlockHasher {
+        let seed = seed.unwrap_or_else(random_seed);
+        let mut h = Sha256::new();
+        h.update(b"kvgate-sim NONE_HASH");
+        h.update(seed.to_le_bytes());
+        BlockHasher { none_hash: h.finalize().into(), hash_bytes }
+    }
+
+    /// The root every first block chains from.
+    pub fn none_hash(&self) -> &Hash32 {
+        &self.none_hash
+    }
+
+    /// The hash of one block given its parent (`None` for the first block).
+    pub fn hash_block(&self, parent: Option<&Hash32>, tokens: &[u32]) -> Hash32 {
+        let mut h = Sha256::new();
+        h.update(parent.unwrap_or(&self.none_hash));
+        h.update((tokens.len() as u32).to_le_bytes());
+        for t in tokens {
+            h.update(t.to_le_bytes());
+        }
+        // Extra keys (LoRA name, multimodal ids, cache_salt): none yet.
+        h.update(0u32.to_le_bytes());
+        h.finalize().into()
+    }
+
+    /// Extends `hashes` with the hashes of every full block of `tokens` not
+    /// hashed yet.
+    pub fn extend_full_blocks(&self, hashes: &mut Vec<Hash32>, tokens: &[u32], block_size: usize) {
+        let Some(n_full) = tokens.len().checked_div(block_size) else { return };
+        while hashes.len() < n_full {
+            let i = hashes.len();
+            let parent = hashes.last().copied();
+            let block = &tokens[i * block_size..(i + 1) * block_size];
+            hashes.push(self.hash_block(parent.as_ref(), block));
+        }
+    }
+
+    /// The hash as published in events: u64 ints or 32 bytes.
+    pub fn publish(&self, hash: &Hash32) -> BlockHash {
+        if self.hash_bytes {
+            BlockHash::Bytes(hash.to_vec())
+        } else {
+            BlockHash::Int(to_u64(hash))
+        }
+    }
+}
+
+/// The last 8 bytes, big-endian: vLLM's int form of a sha256 block hash.
+pub fn to_u64(hash: &Hash32) -> u64 {
+    let mut last = [0u8; 8];
+    last.copy_from_slice(&hash[24..]);
+    u64::from_be_bytes(last)
+}
+
+fn random_seed() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x6b76_6761_7465_7369);
+    h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chained_and_seeded() {
+        let a = BlockHasher::new(Some(1), false);
+        let b = BlockHasher::new(Some(1), false);
+        let c = BlockHasher::new(Some(2), false);
+        let t = [1u32, 2, 3, 4];
+        assert_eq!(a.hash_block(None, &t), b.hash_block(None, &t));
+        assert_ne!(a.hash_block(None, &t), c.hash_block(None, &t));
+        let p1 = a.hash_block(None, &[9, 9, 9, 9]);
+        let p2 = a.hash_block(None, &[8, 8, 8, 8]);
+        assert_ne!(a.hash_block(Some(&p1), &t), a.hash_block(Some(&p2), &t));
+    }
+
+    #[test]
+    fn random_seeds_differ() {
+        let t = [1u32, 2];
+        let a = BlockHasher::new(None, false).hash_block(None, &t);
+        let b = BlockHasher::new(None, false).hash_block(None, &t);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn publish_forms() {
+        let h = BlockHasher::new(Some(0), false);
+        let x = h.hash_block(None, &[5]);
+        assert_eq!(h.publish(&x), BlockHash::Int(u64::from_be_bytes(x[24..].try_into().unwrap())));
+        let hb = BlockHasher::new(Some(0), true);
+        assert_eq!(hb.publish(&x), BlockHash::Bytes(x.to_vec()));
+    }
+
+    #[test]
+    fn extend_only_full_blocks() {
+        let h = BlockHasher::new(Some(3), false);
+        let mut v = Vec::new();
+        h.extend_full_blocks(&mut v, &[1, 2, 3, 4, 5], 2);
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[1], h.hash_block(Some(&v[0]), &[3, 4]));
+    }
+}
