@@ -40,8 +40,8 @@ pub use message::{
 };
 pub use models::{ModelCard, ModelList};
 pub use response::{
-    ChatChoice, ChatCompletionResponse, CompletionChoice, CompletionResponse, PromptTokensDetails,
-    Usage,
+    ChatChoice, ChatCompletionResponse, CompletionChoice, CompletionResponse, Envelope,
+    PromptTokensDetails, Usage,
 };
 pub use sse::{SseEvent, SseItem, SseParser};
 pub use stream::{

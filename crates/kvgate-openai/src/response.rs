@@ -79,13 +79,19 @@ pub struct ChatChoice {
     pub extra: Map<String, Value>,
 }
 
-/// A non-streaming `/v1/chat/completions` answer.
+/// The envelope every answer and stream chunk shares, for chat and for
+/// completions: only the choice type differs. `object` says which it is
+/// (`chat.completion`, `chat.completion.chunk`, `text_completion`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ChatCompletionResponse {
-    /// `chatcmpl-...`
+#[serde(bound(
+    serialize = "Choice: Serialize",
+    deserialize = "Choice: serde::de::DeserializeOwned + Default"
+))]
+pub struct Envelope<Choice> {
+    /// `chatcmpl-...` or `cmpl-...`, the same on every chunk of a stream.
     #[serde(default)]
     pub id: String,
-    /// `chat.completion`
+    /// The object kind.
     #[serde(default)]
     pub object: String,
     /// Unix seconds.
@@ -94,16 +100,20 @@ pub struct ChatCompletionResponse {
     /// The model that answered.
     #[serde(default)]
     pub model: String,
-    /// The choices.
+    /// The choices (in a stream: the ones this chunk extends; empty on the
+    /// final usage chunk).
     #[serde(default)]
-    pub choices: Vec<ChatChoice>,
-    /// Token accounting.
+    pub choices: Vec<Choice>,
+    /// Token accounting (in a stream: on the final chunk when asked for).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
     /// Anything else.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
+
+/// A non-streaming `/v1/chat/completions` answer.
+pub type ChatCompletionResponse = Envelope<ChatChoice>;
 
 /// One choice of a completion answer.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -126,30 +136,7 @@ pub struct CompletionChoice {
 }
 
 /// A non-streaming `/v1/completions` answer.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct CompletionResponse {
-    /// `cmpl-...`
-    #[serde(default)]
-    pub id: String,
-    /// `text_completion`
-    #[serde(default)]
-    pub object: String,
-    /// Unix seconds.
-    #[serde(default)]
-    pub created: u64,
-    /// The model that answered.
-    #[serde(default)]
-    pub model: String,
-    /// The choices.
-    #[serde(default)]
-    pub choices: Vec<CompletionChoice>,
-    /// Token accounting.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-    /// Anything else.
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
+pub type CompletionResponse = Envelope<CompletionChoice>;
 
 #[cfg(test)]
 mod tests {

@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use crate::api_error::ErrorInfo;
 use crate::error::Error;
 use crate::message::Role;
-use crate::response::Usage;
+use crate::response::{Envelope, Usage};
 use crate::sse::SseItem;
 
 /// The function part of a streamed tool-call fragment.
@@ -112,32 +112,9 @@ pub struct ChatChunkChoice {
 }
 
 /// One `data:` payload of a chat stream (`object: chat.completion.chunk`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ChatCompletionChunk {
-    /// `chatcmpl-...`, the same on every chunk.
-    #[serde(default)]
-    pub id: String,
-    /// `chat.completion.chunk`
-    #[serde(default)]
-    pub object: String,
-    /// Unix seconds.
-    #[serde(default)]
-    pub created: u64,
-    /// The model that answers.
-    #[serde(default)]
-    pub model: String,
-    /// The choices this chunk extends; empty on the final usage chunk.
-    #[serde(default)]
-    pub choices: Vec<ChatChunkChoice>,
-    /// Token accounting, on the final chunk when asked for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-    /// Anything else.
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
+pub type ChatCompletionChunk = Envelope<ChatChunkChoice>;
 
-impl ChatCompletionChunk {
+impl Envelope<ChatChunkChoice> {
     /// Whether any choice carries generated output.
     pub fn has_output(&self) -> bool {
         self.choices.iter().any(|c| c.delta.has_output())
@@ -165,32 +142,9 @@ pub struct CompletionChunkChoice {
 }
 
 /// One `data:` payload of a completion stream (`object: text_completion`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct CompletionChunk {
-    /// `cmpl-...`
-    #[serde(default)]
-    pub id: String,
-    /// `text_completion`
-    #[serde(default)]
-    pub object: String,
-    /// Unix seconds.
-    #[serde(default)]
-    pub created: u64,
-    /// The model that answers.
-    #[serde(default)]
-    pub model: String,
-    /// The choices this chunk extends.
-    #[serde(default)]
-    pub choices: Vec<CompletionChunkChoice>,
-    /// Token accounting, on the final chunk when asked for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usage: Option<Usage>,
-    /// Anything else.
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
+pub type CompletionChunk = Envelope<CompletionChunkChoice>;
 
-impl CompletionChunk {
+impl Envelope<CompletionChunkChoice> {
     /// Whether any choice carries generated text.
     pub fn has_output(&self) -> bool {
         self.choices.iter().any(|c| !c.text.is_empty())
