@@ -602,22 +602,25 @@ impl TemplateKwargs {
 /// transformers' `render_jinja_template` check on `documents`: each entry
 /// must be a dict.
 pub(crate) fn validate_documents(documents: &Value) -> Result<()> {
-    let ok = match documents {
-        Value::Array(items) => items.iter().all(Value::is_object),
-        Value::Object(map) => map.is_empty(),
-        Value::String(s) => s.is_empty(),
-        _ => false,
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(invalid("Documents should be a list of dicts with 'title' and 'text' keys!"))
-    }
+    require_list_of_dicts(
+        documents,
+        "Documents should be a list of dicts with 'title' and 'text' keys!",
+    )
 }
 
 /// transformers' check on `tools`: each entry must be a JSON schema (dict).
 pub(crate) fn validate_tools(tools: &Value) -> Result<()> {
-    let ok = match tools {
+    require_list_of_dicts(
+        tools,
+        "Tools should either be a JSON schema, or a callable function with type hints \
+         and a docstring suitable for auto-conversion to a schema.",
+    )
+}
+
+/// Python's truthiness decides what transformers checks: an empty dict or
+/// string passes as "no value"; otherwise every entry must be a dict.
+fn require_list_of_dicts(value: &Value, message: &str) -> Result<()> {
+    let ok = match value {
         Value::Array(items) => items.iter().all(Value::is_object),
         Value::Object(map) => map.is_empty(),
         Value::String(s) => s.is_empty(),
@@ -626,10 +629,7 @@ pub(crate) fn validate_tools(tools: &Value) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(invalid(
-            "Tools should either be a JSON schema, or a callable function with type hints \
-             and a docstring suitable for auto-conversion to a schema.",
-        ))
+        Err(invalid(message))
     }
 }
 
