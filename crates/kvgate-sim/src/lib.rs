@@ -29,6 +29,8 @@ pub mod error;
 pub mod hash;
 mod lru;
 mod pool;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod timing;
 
 pub use config::EngineConfig;

@@ -23,6 +23,93 @@ pub(crate) enum Command {
     /// Tokenize one vLLM `/tokenize` request body read from stdin, exactly as
     /// the engine would, and print `{"tokens":[...],"count":N}`.
     Tokenize(TokenizeArgs),
+    /// Run simulated vLLM engines (no GPU): vLLM's HTTP API, KV events,
+    /// replay and metrics over the kvgate-sim engine model.
+    Sim(Box<SimArgs>),
+}
+
+/// `kvgate sim`. See docs/sim.md.
+#[derive(Debug, Args)]
+pub(crate) struct SimArgs {
+    /// HTTP host to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub(crate) host: String,
+    /// HTTP port of the first replica; replica i listens on PORT+i.
+    #[arg(long, default_value_t = 8000)]
+    pub(crate) port: u16,
+    /// Replicas (independent engines) in this process, on consecutive
+    /// HTTP, event and replay ports.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) replicas: u16,
+    /// Served model name.
+    #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
+    pub(crate) model: String,
+    /// KV-event PUB endpoint of the first replica, e.g. `tcp://*:5557`
+    /// (bound, by vLLM's rule) or `tcp://HOST:PORT` (connected).
+    #[arg(long)]
+    pub(crate) events: Option<String>,
+    /// Replay ROUTER endpoint of the first replica, e.g. `tcp://*:5558`.
+    #[arg(long)]
+    pub(crate) replay: Option<String>,
+    /// Batches kept for replay.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) buffer_steps: usize,
+    /// Topic frame of every PUB message.
+    #[arg(long, default_value = "")]
+    pub(crate) topic: String,
+    /// msgpack layout of the events: v0.11, v0.26 or map.
+    #[arg(long, default_value = "v0.26")]
+    pub(crate) event_layout: String,
+    /// Fault: fraction of event batches numbered and buffered but not sent.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) drop_event_batches: f64,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) block_size: u32,
+    /// GPU KV blocks per replica.
+    #[arg(long, default_value_t = 8192)]
+    pub(crate) num_gpu_blocks: u32,
+    /// CPU offload blocks per replica (0: no CPU tier).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) num_cpu_blocks: u32,
+    /// Most requests running at once.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) max_num_seqs: u32,
+    /// Per-step token budget (chunked prefill).
+    #[arg(long, default_value_t = 8192)]
+    pub(crate) max_num_batched_tokens: u32,
+    /// Block-hash seed (vLLM's PYTHONHASHSEED); random per replica if unset.
+    #[arg(long)]
+    pub(crate) hash_seed: Option<u64>,
+    /// Publish block hashes as 32 bytes instead of u64 ints.
+    #[arg(long)]
+    pub(crate) hash_bytes: bool,
+    /// Fill CPU-tier BlockStored events instead of vLLM's placeholders.
+    #[arg(long)]
+    pub(crate) self_describing_cpu_events: bool,
+    /// Timing preset: dynamo_mocker or llmd_qwen3_32b.
+    #[arg(long, default_value = "dynamo_mocker")]
+    pub(crate) timing: String,
+    /// Run real time this many times faster than the timing model.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) speedup: f64,
+    /// `max_tokens` for requests that set none.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) default_max_tokens: u32,
+    /// Require `Authorization: Bearer KEY` on /v1 routes.
+    #[arg(long, env = "VLLM_API_KEY")]
+    pub(crate) api_key: Option<String>,
+    /// Fault: fraction of generation requests answered with HTTP 500.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) fail_rate: f64,
+    /// Fault: responses stop making progress after N output tokens (the
+    /// connection stays open).
+    #[arg(long)]
+    pub(crate) stall_after_tokens: Option<u32>,
+    /// Fault: the process exits (status 3) once any replica has finished N
+    /// requests, as a crashed engine would.
+    #[arg(long)]
+    pub(crate) exit_after_requests: Option<u64>,
 }
 
 /// Flags of `kvgate tokenize`.

@@ -4,6 +4,7 @@
 
 mod cli;
 mod events_tail;
+mod sim_cmd;
 mod tokenize_cmd;
 
 use clap::Parser;
@@ -28,6 +29,10 @@ fn run() -> anyhow::Result<()> {
             runtime.block_on(events_tail::run(args))
         }
         cli::Command::Tokenize(args) => tokenize_cmd::run(&args),
+        cli::Command::Sim(args) => {
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(sim_cmd::run(*args))
+        }
     }
 }
 

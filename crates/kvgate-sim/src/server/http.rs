@@ -1,0 +1,531 @@
+//! vLLM's HTTP API over the driver.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use kvgate_events::publisher::drop_decision;
+use kvgate_openai::{ChatCompletionRequest, CompletionRequest, Prompt};
+use kvgate_tokenize::{ChatRequest, Endpoint};
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::{FinishReason, RequestId, TokenOutput};
+use crate::server::driver::{Command, NewRequest};
+use crate::server::AppState;
+
+type Shared = Arc<AppState>;
+
+pub(crate) fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/inference/v1/generate", post(generate_tokens))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
+        .with_state(state)
+}
+
+/// vLLM's `--api-key`: only paths under `/v1` need the bearer token.
+async fn auth(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.config.api_key {
+        if req.uri().path().starts_with("/v1") && req.method() != axum::http::Method::OPTIONS {
+            let ok = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.strip_prefix("Bearer ") == Some(key.as_str()));
+            if !ok {
+                return (StatusCode::UNAUTHORIZED, Json(json!({"error": "Unauthorized"})))
+                    .into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    let kind = if status == StatusCode::NOT_FOUND { "NotFoundError" } else { "BadRequestError" };
+    (
+        status,
+        Json(json!({"error": {"message": message.into(), "type": kind, "param": null, "code": status.as_u16()}})),
+    )
+        .into_response()
+}
+
+fn bad(message: impl Into<String>) -> Response {
+    error(StatusCode::BAD_REQUEST, message)
+}
+
+/// An error response not built yet (a `Response` is too large to return in
+/// a `Result` cheaply).
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error(self.0, self.1)
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn models(State(state): State<Shared>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model,
+            "object": "model",
+            "created": unix_now(),
+            "owned_by": "vllm",
+            "root": state.config.model,
+            "parent": null,
+            "max_model_len": state.config.engine.max_model_len(),
+        }]
+    }))
+}
+
+async fn metrics(State(state): State<Shared>) -> Response {
+    let text = state.metrics.render(&state.config.model, &state.config.engine);
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn reset_prefix_cache(State(state): State<Shared>) -> Response {
+    let (tx, rx) = oneshot::channel();
+    if state.commands.send(Command::ResetPrefixCache(tx)).is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+    }
+    match rx.await {
+        Ok(true) => StatusCode::OK.into_response(),
+        _ => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "failed to reset the prefix cache: requests are running",
+        ),
+    }
+}
+
+fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+}
+
+fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(m) if m != state.config.model => {
+            Err(ApiError(StatusCode::NOT_FOUND, format!("The model `{m}` does not exist.")))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Sampling knobs the engine model honours.
+struct Sampling {
+    max_tokens: u32,
+    min_tokens: u32,
+    ignore_eos: bool,
+}
+
+fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option<u64>) -> Sampling {
+    let max_tokens =
+        max.map_or(state.config.default_max_tokens, |m| m.min(u64::from(u32::MAX)) as u32);
+    Sampling {
+        max_tokens,
+        min_tokens: extra.get("min_tokens").and_then(Value::as_u64).unwrap_or(0) as u32,
+        ignore_eos: extra.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false),
+    }
+}
+
+async fn chat(State(state): State<Shared>, body: Bytes) -> Response {
+    let value = match parse_json(&body) {
+        Ok(v) => v,
+        Err(r) => return r.into_response(),
+    };
+    let request: ChatCompletionRequest = match serde_json::from_value(value.clone()) {
+        Ok(r) => r,
+        Err(e) => return bad(format!("invalid chat request: {e}")),
+    };
+    if let Err(e) = request.validate() {
+        return bad(e.to_string());
+    }
+    if let Err(r) = check_model(&state, request.model()) {
+        return r.into_response();
+    }
+    let prompt = match request.prompt_token_ids() {
+        Some(ids) => ids,
+        None => {
+            let mut chat: ChatRequest = match serde_json::from_value(value) {
+                Ok(r) => r,
+                Err(e) => return bad(format!("invalid chat request: {e}")),
+            };
+            chat.endpoint = Endpoint::ChatCompletions;
+            state.metrics.count_tokenization();
+            match state.tokenizer.encode_chat(chat).await {
+                Ok(ids) => ids,
+                Err(e) => return bad(e.to_string()),
+            }
+        }
+    };
+    let s = sampling(&state, &request.extra, request.max_output_tokens());
+    let kind = Kind::Chat;
+    generate(state, kind, prompt, s, request.is_stream(), request.include_usage()).await
+}
+
+async fn completions(State(state): State<Shared>, body: Bytes) -> Response {
+    let request = match CompletionRequest::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad(format!("invalid completion request: {e}")),
+    };
+    if let Err(r) = check_model(&state, request.model()) {
+        return r.into_response();
+    }
+    let prompt = match &request.prompt {
+        Some(Prompt::Tokens(ids)) => ids.clone(),
+        Some(Prompt::Text(text)) => {
+            state.metrics.count_tokenization();
+            match state.tokenizer.encode_prompt(text.clone(), request.add_special_tokens()).await {
+                Ok(ids) => ids,
+                Err(e) => return bad(e.to_string()),
+            }
+        }
+        Some(_) => return bad("the simulator serves one prompt per request"),
+        None => return bad("`prompt` is required"),
+    };
+    let s = sampling(&state, &request.extra, request.max_output_tokens());
+    generate(state, Kind::Completion, prompt, s, request.is_stream(), request.include_usage()).await
+}
+
+/// `POST /inference/v1/generate`: `{"token_ids": [...], "sampling_params":
+/// {...}, "stream": bool}`; answers token ids, never text. No tokenization.
+async fn generate_tokens(State(state): State<Shared>, body: Bytes) -> Response {
+    let value = match parse_json(&body) {
+        Ok(v) => v,
+        Err(r) => return r.into_response(),
+    };
+    if let Err(r) = check_model(&state, value.get("model").and_then(Value::as_str)) {
+        return r.into_response();
+    }
+    let ids: Option<Vec<u32>> = value
+        .get("token_ids")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok())).collect());
+    let Some(prompt) = ids else { return bad("`token_ids` must be an array of token ids") };
+    let empty = Map::new();
+    let params = value.get("sampling_params").and_then(Value::as_object).unwrap_or(&empty);
+    let s = sampling(&state, params, params.get("max_tokens").and_then(Value::as_u64));
+    let stream = value.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let include_usage = stream
+        && value.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    generate(state, Kind::Generate, prompt, s, stream, include_usage).await
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Chat,
+    Completion,
+    /// vLLM's token-in/token-out `/inference/v1/generate`.
+    Generate,
+}
+
+/// Deterministic output text: one word per token id.
+const WORDS: [&str; 16] = [
+    " the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", " and", " runs",
+    " far", " away", " into", " green", " hills",
+];
+
+fn word(token: u32) -> &'static str {
+    WORDS[token as usize % WORDS.len()]
+}
+
+fn finish_str(reason: Option<FinishReason>) -> Value {
+    match reason {
+        Some(FinishReason::Length) => json!("length"),
+        Some(FinishReason::Stop) => json!("stop"),
+        None => Value::Null,
+    }
+}
+
+fn usage(prompt: usize, completion: u64, cached: u32) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "total_tokens": prompt as u64 + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+/// Aborts the request in the engine unless it finished: dropped when the
+/// client goes away mid-request.
+struct AbortGuard {
+    state: Shared,
+    id: RequestId,
+    done: bool,
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.state.commands.send(Command::Abort(self.id));
+        }
+    }
+}
+
+async fn generate(
+    state: Shared,
+    kind: Kind,
+    prompt: Vec<u32>,
+    s: Sampling,
+    stream: bool,
+    include_usage: bool,
+) -> Response {
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let faults = &state.config.faults;
+    if faults.fail_rate > 0.0 && drop_decision(faults.fail_seed, faults.fail_rate, id) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({"error": {"message": "injected failure (--fail-rate)", "type": "InternalServerError", "param": null, "code": 500}})),
+        )
+            .into_response();
+    }
+    let stall_after = faults.stall_after_tokens.map_or(u64::MAX, u64::from);
+    let prompt_len = prompt.len();
+    let (tok_tx, mut tok_rx) = mpsc::unbounded_channel();
+    let (acc_tx, acc_rx) = oneshot::channel();
+    let req = NewRequest {
+        id,
+        prompt,
+        max_tokens: s.max_tokens,
+        min_tokens: s.min_tokens,
+        ignore_eos: s.ignore_eos,
+        tokens: tok_tx,
+        accepted: acc_tx,
+    };
+    if state.commands.send(Command::Add(req)).is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+    }
+    match acc_rx.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return bad(e.to_string()),
+        Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped"),
+    }
+    let mut guard = AbortGuard { state: Arc::clone(&state), id, done: false };
+    let (prefix, object, chunk_object) = match kind {
+        Kind::Chat => ("chatcmpl", "chat.completion", "chat.completion.chunk"),
+        Kind::Completion => ("cmpl", "text_completion", "text_completion"),
+        Kind::Generate => ("gen", "", ""),
+    };
+    let rid = format!("{prefix}-sim{id:016x}");
+    let created = unix_now();
+    let model = state.config.model.clone();
+
+    if !stream {
+        let mut text = String::new();
+        let mut ids = Vec::new();
+        let mut n = 0u64;
+        let mut cached = 0;
+        let mut finish = None;
+        while let Some(t) = tok_rx.recv().await {
+            if n >= stall_after {
+                std::future::pending::<()>().await;
+            }
+            n += 1;
+            cached = t.cached_tokens;
+            text.push_str(word(t.token));
+            ids.push(t.token);
+            if t.finished.is_some() {
+                finish = t.finished;
+                break;
+            }
+        }
+        guard.done = finish.is_some();
+        if guard.done {
+            finished_one(&state);
+        }
+        let choice = match kind {
+            Kind::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "reasoning_content": null, "tool_calls": []},
+                "logprobs": null,
+                "finish_reason": finish_str(finish),
+                "stop_reason": null,
+            }),
+            Kind::Completion => json!({
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": finish_str(finish),
+                "stop_reason": null,
+            }),
+            Kind::Generate => {
+                return Json(json!({
+                    "request_id": rid,
+                    "choices": [{"index": 0, "token_ids": ids, "logprobs": null, "finish_reason": finish_str(finish)}],
+                    "prompt_logprobs": null,
+                    "kv_transfer_params": null,
+                    "usage": usage(prompt_len, n, cached),
+                }))
+                .into_response();
+            }
+        };
+        return Json(json!({
+            "id": rid,
+            "object": object,
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "usage": usage(prompt_len, n, cached),
+        }))
+        .into_response();
+    }
+
+    let (body_tx, body_rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        let frame = |v: Value| Bytes::from(format!("data: {v}\n\n"));
+        let chunk = |choices: Value, usage: Option<Value>| {
+            let mut v = if kind == Kind::Generate {
+                json!({"request_id": rid, "choices": choices})
+            } else {
+                json!({
+                    "id": rid, "object": chunk_object, "created": created, "model": model, "choices": choices,
+                })
+            };
+            if let Some(u) = usage {
+                v["usage"] = u;
+            }
+            frame(v)
+        };
+        if kind == Kind::Chat {
+            let first = chunk(
+                json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+                None,
+            );
+            if body_tx.send(first).await.is_err() {
+                return;
+            }
+        }
+        let mut n = 0u64;
+        let mut cached = 0;
+        while let Some(TokenOutput { token, finished, cached_tokens, .. }) = tok_rx.recv().await {
+            if n >= stall_after {
+                // Hold the connection open without progress until the client leaves.
+                body_tx.closed().await;
+                return;
+            }
+            n += 1;
+            cached = cached_tokens;
+            let choice = match kind {
+                Kind::Chat => {
+                    json!({"index": 0, "delta": {"content": word(token)}, "logprobs": null, "finish_reason": finish_str(finished)})
+                }
+                Kind::Completion => {
+                    json!({"index": 0, "text": word(token), "logprobs": null, "finish_reason": finish_str(finished), "stop_reason": null})
+                }
+                Kind::Generate => {
+                    json!({"index": 0, "token_ids": [token], "logprobs": null, "finish_reason": finish_str(finished)})
+                }
+            };
+            if body_tx.send(chunk(json!([choice]), None)).await.is_err() {
+                return;
+            }
+            if finished.is_some() {
+                guard.done = true;
+                finished_one(&guard.state);
+                break;
+            }
+        }
+        if include_usage {
+            let _ = body_tx.send(chunk(json!([]), Some(usage(prompt_len, n, cached)))).await;
+        }
+        let _ = body_tx.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        drop(guard);
+    });
+    let stream = futures_util::stream::unfold(body_rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
+    });
+    (
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// Counts a finished request; signals exit at `exit_after_requests`.
+fn finished_one(state: &AppState) {
+    let n = state.finished.fetch_add(1, Ordering::Relaxed) + 1;
+    if state.config.faults.exit_after_requests.is_some_and(|limit| n >= limit) {
+        let _ = state.exit.send(true);
+    }
+}
+
+async fn tokenize(State(state): State<Shared>, body: Bytes) -> Response {
+    let value = match parse_json(&body) {
+        Ok(v) => v,
+        Err(r) => return r.into_response(),
+    };
+    let tokens = if value.get("messages").is_some() {
+        let chat: ChatRequest = match serde_json::from_value(value) {
+            Ok(r) => r,
+            Err(e) => return bad(format!("invalid tokenize request: {e}")),
+        };
+        state.tokenizer.encode_chat(chat).await
+    } else if let Some(prompt) = value.get("prompt").and_then(Value::as_str) {
+        let add = value.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
+        state.tokenizer.encode_prompt(prompt.to_owned(), add).await
+    } else {
+        return bad("the request needs `messages` or a string `prompt`");
+    };
+    match tokens {
+        Ok(tokens) => Json(json!({
+            "count": tokens.len(),
+            "max_model_len": state.config.engine.max_model_len(),
+            "tokens": tokens,
+            "token_strs": null,
+        }))
+        .into_response(),
+        Err(e) => bad(e.to_string()),
+    }
+}
+
+async fn detokenize(State(state): State<Shared>, body: Bytes) -> Response {
+    let value = match parse_json(&body) {
+        Ok(v) => v,
+        Err(r) => return r.into_response(),
+    };
+    let Some(ids) = value.get("tokens").and_then(Value::as_array) else {
+        return bad("`tokens` must be an array of token ids");
+    };
+    let ids: Option<Vec<u32>> =
+        ids.iter().map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok())).collect();
+    let Some(ids) = ids else { return bad("`tokens` must be an array of token ids") };
+    match state.tokenizer.tokenize().tokenizer().decode(&ids, false) {
+        Ok(prompt) => Json(json!({"prompt": prompt})).into_response(),
+        Err(e) => bad(e.to_string()),
+    }
+}

@@ -1,0 +1,183 @@
+//! `/metrics` in the Prometheus text format with vLLM's metric names.
+//!
+//! Hand-written: vLLM's names contain `:` (`vllm:num_requests_running`),
+//! which is legal in the exposition format but reserved for recording rules
+//! by convention, and the exposition here is a dozen lines.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::engine::EngineStats;
+use crate::EngineConfig;
+
+/// vLLM's `vllm:time_to_first_token_seconds` buckets.
+pub const TTFT_BUCKETS: [f64; 22] = [
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+
+#[derive(Debug, Default)]
+struct Histogram {
+    counts: [u64; TTFT_BUCKETS.len()],
+    count: u64,
+    sum: f64,
+}
+
+/// Shared between the driver (writer) and `/metrics` (reader).
+#[derive(Debug, Default)]
+pub struct Metrics {
+    stats: Mutex<EngineStats>,
+    ttft: Mutex<Histogram>,
+    tokenizations: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Metrics {
+    pub(crate) fn set_stats(&self, stats: EngineStats) {
+        *lock(&self.stats) = stats;
+    }
+
+    /// The engine's stats as of its last step.
+    pub fn stats(&self) -> EngineStats {
+        lock(&self.stats).clone()
+    }
+
+    pub(crate) fn observe_ttft(&self, seconds: f64) {
+        let mut h = lock(&self.ttft);
+        for (i, le) in TTFT_BUCKETS.iter().enumerate() {
+            if seconds <= *le {
+                h.counts[i] += 1;
+            }
+        }
+        h.count += 1;
+        h.sum += seconds;
+    }
+
+    pub(crate) fn count_tokenization(&self) {
+        self.tokenizations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Prompts this replica tokenized itself.
+    pub fn tokenizations(&self) -> u64 {
+        self.tokenizations.load(Ordering::Relaxed)
+    }
+
+    /// The exposition text.
+    pub fn render(&self, model: &str, config: &EngineConfig) -> String {
+        let s = self.stats();
+        let labels = format!("engine=\"0\",model_name=\"{}\"", escape(model));
+        let mut out = String::with_capacity(4096);
+        let mut metric = |name: &str, kind: &str, help: &str, sample: &str, value: String| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            let _ = writeln!(out, "{sample}{{{labels}}} {value}");
+        };
+        metric(
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests in model execution batches.",
+            "vllm:num_requests_running",
+            float(s.running as f64),
+        );
+        metric(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            "vllm:num_requests_waiting",
+            float(s.waiting as f64),
+        );
+        metric(
+            "vllm:kv_cache_usage_perc",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            "vllm:kv_cache_usage_perc",
+            float(s.kv_usage),
+        );
+        metric(
+            "vllm:prefix_cache_queries",
+            "counter",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            "vllm:prefix_cache_queries_total",
+            float(s.prefix_cache_queries as f64),
+        );
+        metric(
+            "vllm:prefix_cache_hits",
+            "counter",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            "vllm:prefix_cache_hits_total",
+            float(s.prefix_cache_hits as f64),
+        );
+        metric(
+            "vllm:num_preemptions",
+            "counter",
+            "Cumulative number of preemption from the engine.",
+            "vllm:num_preemptions_total",
+            float(s.preemptions as f64),
+        );
+        metric(
+            "vllm:generation_tokens",
+            "counter",
+            "Number of generation tokens processed.",
+            "vllm:generation_tokens_total",
+            float(s.generated_tokens as f64),
+        );
+        metric(
+            "kvgate_sim_tokenizations",
+            "counter",
+            "Prompts the simulated engine tokenized itself (not passed through).",
+            "kvgate_sim_tokenizations_total",
+            float(self.tokenizations() as f64),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+             # TYPE vllm:cache_config_info gauge\n\
+             vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",num_cpu_blocks=\"{}\",num_gpu_blocks=\"{}\"}} 1.0",
+            config.block_size, config.num_cpu_blocks, config.num_gpu_blocks
+        );
+        let h = lock(&self.ttft);
+        let name = "vllm:time_to_first_token_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Histogram of time to first token in seconds.\n# TYPE {name} histogram"
+        );
+        for (le, count) in TTFT_BUCKETS.iter().zip(h.counts.iter()) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels},le=\"{}\"}} {}",
+                float(*le),
+                float(*count as f64)
+            );
+        }
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", float(h.count as f64));
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", float(h.count as f64));
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", float(h.sum));
+        out
+    }
+}
+
+/// Python's float repr for the values we emit (`1.0`, `0.25`).
+fn float(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.1}")
+    } else {
+        format!("{v}")
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Reads one sample's value from an exposition, by its name and an
+/// optional label substring: for tests and scripts.
+pub fn scrape(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}

@@ -1,0 +1,213 @@
+//! The engine server (feature `server`): one simulated vLLM replica behind
+//! vLLM's HTTP API and KV-event publisher.
+//!
+//! [`start`] binds nothing itself: it takes a listener, starts the KV-event
+//! publisher (when configured), spawns the [`driver`] task that owns the
+//! [`Engine`] and serves HTTP until the returned [`Replica`] is shut down.
+
+mod driver;
+mod http;
+pub mod metrics;
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use kvgate_events::publisher::{LocalEndpoints, Publisher, PublisherConfig, PublisherError};
+use kvgate_tokenize::service::TokenizeService;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::engine::Engine;
+use crate::error::SimError;
+use crate::EngineConfig;
+
+pub use metrics::Metrics;
+
+/// Everything one replica needs besides its listener and tokenizer.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The engine model.
+    pub engine: EngineConfig,
+    /// The served model name (`/v1/models`, responses, metric labels).
+    pub model: String,
+    /// Real time runs this many times faster than the timing model.
+    pub speedup: f64,
+    /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
+    pub api_key: Option<String>,
+    /// KV events; `None` publishes nothing.
+    pub events: Option<PublisherConfig>,
+    /// `max_tokens` when a request sets none.
+    pub default_max_tokens: u32,
+    /// Injected faults, for tests of the router's failure handling.
+    pub faults: Faults,
+}
+
+/// Faults a replica injects on purpose.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Faults {
+    /// Fraction of generation requests, in `[0, 1]`, answered with HTTP 500
+    /// before reaching the engine (deterministic per request number).
+    pub fail_rate: f64,
+    /// Seed of the `fail_rate` decisions.
+    pub fail_seed: u64,
+    /// After this many output tokens a response stops making progress: the
+    /// connection stays open, nothing more is sent.
+    pub stall_after_tokens: Option<u32>,
+    /// After this many finished requests the replica signals
+    /// [`Replica::exited`] (`kvgate sim` then exits, as a crashed engine).
+    pub exit_after_requests: Option<u64>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            engine: EngineConfig::default(),
+            model: "Qwen/Qwen3-0.6B".to_owned(),
+            speedup: 1.0,
+            api_key: None,
+            events: None,
+            default_max_tokens: 16,
+            faults: Faults::default(),
+        }
+    }
+}
+
+/// Why a replica could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The engine configuration was refused.
+    #[error(transparent)]
+    Engine(#[from] SimError),
+    /// The KV-event publisher could not bind or connect.
+    #[error("kv events: {0}")]
+    Events(#[from] PublisherError),
+    /// The HTTP listener failed.
+    #[error("http: {0}")]
+    Io(#[from] std::io::Error),
+    /// `speedup` must be a positive finite number.
+    #[error("speedup must be a positive finite number, got {0}")]
+    Speedup(f64),
+    /// `fail_rate` must be within `[0, 1]`.
+    #[error("fail rate must be within 0..=1, got {0}")]
+    FailRate(f64),
+}
+
+/// State shared by the HTTP handlers of one replica.
+#[derive(Debug)]
+pub(crate) struct AppState {
+    pub(crate) config: ServerConfig,
+    pub(crate) commands: mpsc::UnboundedSender<driver::Command>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) tokenizer: Arc<TokenizeService>,
+    pub(crate) next_id: AtomicU64,
+    pub(crate) finished: AtomicU64,
+    pub(crate) exit: watch::Sender<bool>,
+}
+
+/// A running replica.
+#[derive(Debug)]
+pub struct Replica {
+    http_addr: SocketAddr,
+    events: Option<LocalEndpoints>,
+    metrics: Arc<Metrics>,
+    publisher: Option<Arc<Publisher>>,
+    shutdown: watch::Sender<bool>,
+    exit: watch::Receiver<bool>,
+    http: JoinHandle<std::io::Result<()>>,
+}
+
+impl Replica {
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// `http://ADDR`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http_addr)
+    }
+
+    /// The KV-event endpoints as bound (port 0 resolved).
+    pub fn events(&self) -> Option<&LocalEndpoints> {
+        self.events.as_ref()
+    }
+
+    /// The replica's counters.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The publisher, when events are on.
+    pub fn publisher(&self) -> Option<&Arc<Publisher>> {
+        self.publisher.as_ref()
+    }
+
+    /// Completes once `exit_after_requests` requests have finished (never
+    /// without that fault).
+    pub async fn exited(&self) {
+        let mut rx = self.exit.clone();
+        if rx.wait_for(|v| *v).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Stops serving HTTP (in-flight requests end) and waits for it.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.http.await;
+    }
+
+    /// Waits until the HTTP server stops (it runs until shutdown).
+    pub async fn wait(&mut self) -> std::io::Result<()> {
+        match (&mut self.http).await {
+            Ok(r) => r,
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+}
+
+/// Starts one replica on `listener`. Must run inside a tokio runtime.
+pub async fn start(
+    config: ServerConfig,
+    listener: TcpListener,
+    tokenizer: Arc<TokenizeService>,
+) -> Result<Replica, ServerError> {
+    if !(config.speedup.is_finite() && config.speedup > 0.0) {
+        return Err(ServerError::Speedup(config.speedup));
+    }
+    if !(0.0..=1.0).contains(&config.faults.fail_rate) {
+        return Err(ServerError::FailRate(config.faults.fail_rate));
+    }
+    let engine = Engine::new(config.engine.clone())?;
+    let publisher = match &config.events {
+        Some(pc) => Some(Arc::new(Publisher::start(pc.clone()).await?)),
+        None => None,
+    };
+    let events = publisher.as_ref().map(|p| p.local_endpoints().clone());
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(driver::run(engine, rx, config.speedup, publisher.clone(), Arc::clone(&metrics)));
+    let http_addr = listener.local_addr()?;
+    let (exit_tx, exit) = watch::channel(false);
+    let state = Arc::new(AppState {
+        config,
+        commands: tx,
+        metrics: Arc::clone(&metrics),
+        tokenizer,
+        next_id: AtomicU64::new(1),
+        finished: AtomicU64::new(0),
+        exit: exit_tx,
+    });
+    let app = http::router(state);
+    let (shutdown, mut shutdown_rx) = watch::channel(false);
+    let http = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = shutdown_rx.wait_for(|v| *v).await;
+            })
+            .await
+    });
+    Ok(Replica { http_addr, events, metrics, publisher, shutdown, exit, http })
+}

@@ -1,0 +1,144 @@
+//! `kvgate sim`: N simulated vLLM engines in one process, each with vLLM's
+//! HTTP API on its own port and, optionally, KV events and replay on
+//! consecutive ports.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use kvgate_events::publisher::PublisherConfig;
+use kvgate_events::Layout;
+use kvgate_sim::server::{start, Faults, ServerConfig};
+use kvgate_sim::{EngineConfig, TimingModel};
+use kvgate_tokenize::service::{Tokenize, TokenizeService};
+use kvgate_tokenize::ChatTokenizer;
+use tokio::net::TcpListener;
+
+use crate::cli::SimArgs;
+
+/// `v0.11`, `0.11`, `v0.26`, `map`, `map-batch`.
+pub(crate) fn parse_layout(name: &str) -> Option<Layout> {
+    let name = name.strip_prefix('v').unwrap_or(name);
+    match name {
+        "map" => Some(Layout::MapBatch),
+        _ => Layout::from_name(name),
+    }
+}
+
+/// `tcp://HOST:PORT` with PORT + `offset`; other endpoints only for one replica.
+pub(crate) fn offset_endpoint(endpoint: &str, offset: u16) -> anyhow::Result<String> {
+    if offset == 0 {
+        return Ok(endpoint.to_owned());
+    }
+    let Some((head, port)) = endpoint.rsplit_once(':') else {
+        bail!("cannot derive a per-replica endpoint from {endpoint}");
+    };
+    let port: u16 = port.parse().with_context(|| format!("no port in {endpoint}"))?;
+    if port == 0 {
+        return Ok(endpoint.to_owned());
+    }
+    let port = port.checked_add(offset).context("port overflow")?;
+    Ok(format!("{head}:{port}"))
+}
+
+pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
+    let layout = parse_layout(&args.event_layout).with_context(|| {
+        format!("unknown --event-layout {} (v0.11, v0.26, map)", args.event_layout)
+    })?;
+    let timing = TimingModel::preset(&args.timing).with_context(|| {
+        format!("unknown --timing {} (dynamo_mocker, llmd_qwen3_32b)", args.timing)
+    })?;
+    if args.replicas == 0 {
+        bail!("--replicas must be at least 1");
+    }
+    let tokenizer = ChatTokenizer::bundled().context("loading the bundled Qwen3 tokenizer")?;
+    let tokenizer = Arc::new(TokenizeService::new(Tokenize::new(tokenizer, None), 2)?);
+    let mut replicas = Vec::new();
+    for i in 0..args.replicas {
+        let engine = EngineConfig {
+            block_size: args.block_size,
+            num_gpu_blocks: args.num_gpu_blocks,
+            num_cpu_blocks: args.num_cpu_blocks,
+            max_num_seqs: args.max_num_seqs,
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            hash_seed: args.hash_seed,
+            hash_bytes: args.hash_bytes,
+            timing: timing.clone(),
+            self_describing_cpu_events: args.self_describing_cpu_events,
+            ..EngineConfig::default()
+        };
+        let events = match &args.events {
+            Some(ep) => {
+                let mut pc = PublisherConfig::new(offset_endpoint(ep, i)?);
+                pc.replay_endpoint =
+                    args.replay.as_deref().map(|r| offset_endpoint(r, i)).transpose()?;
+                pc.topic = args.topic.clone();
+                pc.buffer_steps = args.buffer_steps;
+                pc.layout = layout;
+                pc.drop_rate = args.drop_event_batches;
+                pc.drop_seed = u64::from(i);
+                Some(pc)
+            }
+            None if args.replay.is_some() => bail!("--replay needs --events"),
+            None => None,
+        };
+        let config = ServerConfig {
+            engine,
+            model: args.model.clone(),
+            speedup: args.speedup,
+            api_key: args.api_key.clone(),
+            events,
+            default_max_tokens: args.default_max_tokens,
+            faults: Faults {
+                fail_rate: args.fail_rate,
+                fail_seed: u64::from(i),
+                stall_after_tokens: args.stall_after_tokens,
+                exit_after_requests: args.exit_after_requests,
+            },
+        };
+        let port = args.port.checked_add(i).context("port overflow")?;
+        let port = if args.port == 0 { 0 } else { port };
+        let listener = TcpListener::bind((args.host.as_str(), port))
+            .await
+            .with_context(|| format!("binding {}:{port}", args.host))?;
+        let replica = start(config, listener, Arc::clone(&tokenizer))
+            .await
+            .with_context(|| format!("starting replica {i}"))?;
+        let ev = match replica.events() {
+            Some(e) => {
+                format!(" events={} replay={}", e.events, e.replay.as_deref().unwrap_or("-"))
+            }
+            None => String::new(),
+        };
+        println!("replica {i}: http={}{ev}", replica.url());
+        replicas.push(replica);
+    }
+    let exited = futures_util::future::select_all(replicas.iter().map(|r| Box::pin(r.exited())));
+    tokio::select! {
+        res = tokio::signal::ctrl_c() => res.context("waiting for ctrl-c")?,
+        _ = exited => {
+            eprintln!("kvgate sim: exiting after --exit-after-requests {}", args.exit_after_requests.unwrap_or(0));
+            std::process::exit(3);
+        }
+    }
+    for r in replicas {
+        r.shutdown().await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_and_endpoints() {
+        assert_eq!(parse_layout("v0.11"), Some(Layout::V0_11));
+        assert_eq!(parse_layout("0.26"), Some(Layout::V0_26));
+        assert_eq!(parse_layout("map"), Some(Layout::MapBatch));
+        assert_eq!(parse_layout("v9"), None);
+        assert_eq!(offset_endpoint("tcp://*:5557", 2).unwrap(), "tcp://*:5559");
+        assert_eq!(offset_endpoint("tcp://*:0", 2).unwrap(), "tcp://*:0");
+        assert_eq!(offset_endpoint("tcp://[::1]:10", 1).unwrap(), "tcp://[::1]:11");
+        assert!(offset_endpoint("ipc:///tmp/x", 1).is_err());
+    }
+}

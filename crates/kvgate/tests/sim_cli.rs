@@ -1,0 +1,92 @@
+//! `kvgate sim` as a black box: replicas start, print their endpoints and
+//! serve vLLM's HTTP API on loopback.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One HTTP/1.1 exchange with `Connection: close`; returns (status, body).
+fn http(url: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let addr = url.strip_prefix("http://").unwrap();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn sim_starts_replicas_and_serves_http() {
+    let child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args([
+            "sim",
+            "--port",
+            "0",
+            "--replicas",
+            "2",
+            "--events",
+            "tcp://[::1]:0",
+            "--replay",
+            "tcp://127.0.0.1:0",
+            "--hash-seed",
+            "3",
+            "--speedup",
+            "20",
+            "--event-layout",
+            "v0.11",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = Kill(child);
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let mut urls = Vec::new();
+    for i in 0..2 {
+        let line = lines.next().unwrap().unwrap();
+        assert!(line.starts_with(&format!("replica {i}: http=http://127.0.0.1:")), "{line}");
+        assert!(line.contains(" events=tcp://[::1]:") && line.contains(" replay=tcp://"), "{line}");
+        let url = line.split("http=").nth(1).unwrap().split(' ').next().unwrap().to_owned();
+        urls.push(url);
+    }
+    assert_ne!(urls[0], urls[1]);
+    for url in &urls {
+        assert_eq!(http(url, "GET", "/health", "").0, 200);
+        let (status, body) =
+            http(url, "POST", "/v1/completions", r#"{"prompt": [1, 2, 3, 4], "max_tokens": 2}"#);
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains(r#""completion_tokens":2"#), "{body}");
+        let (status, metrics) = http(url, "GET", "/metrics", "");
+        assert_eq!(status, 200);
+        assert!(metrics.contains("vllm:prefix_cache_queries_total{"), "{metrics}");
+    }
+}
+
+#[test]
+fn sim_rejects_bad_flags() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["sim", "--port", "0", "--event-layout", "v9"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--event-layout"));
+}
