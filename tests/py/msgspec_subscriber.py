@@ -12,7 +12,10 @@ vLLM's own consumers could not decode fails here too.
 
 Usage::
 
-  msgspec_subscriber.py --layout L --pub EP --replay EP [--topic T]
+  msgspec_subscriber.py --layout L --pub EP --replay EP [--topic T] [--replay-only]
+
+With ``--replay-only`` (used against ``kvgate sim``) the live stream is
+skipped: it prints ``READY`` and goes straight to the replay below.
 
 It connects a SUB socket to ``--pub`` (subscribed to ``--topic``) and prints
 ``READY``. It then prints one JSON line per live message,
@@ -155,19 +158,24 @@ def main() -> int:
     ap.add_argument("--pub", required=True)
     ap.add_argument("--replay", required=True)
     ap.add_argument("--topic", default="")
+    ap.add_argument("--replay-only", action="store_true",
+                    help="skip the live stream: replay from seq 0, decode, exit")
     args = ap.parse_args()
     decoder = DECODERS[args.layout]
 
     ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.RCVTIMEO, TIMEOUT_MS)
-    sub.setsockopt(zmq.SUBSCRIBE, args.topic.encode())
-    sub.connect(args.pub)
-    print("READY", flush=True)
+    if args.replay_only:
+        print("READY", flush=True)
+    else:
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVTIMEO, TIMEOUT_MS)
+        sub.setsockopt(zmq.SUBSCRIBE, args.topic.encode())
+        sub.connect(args.pub)
+        print("READY", flush=True)
 
     try:
-        while True:
+        while not args.replay_only:
             frames = sub.recv_multipart()
             if len(frames) != 3:
                 raise ValueError(f"PUB message with {len(frames)} frames")

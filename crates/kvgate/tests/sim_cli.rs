@@ -90,3 +90,74 @@ fn sim_rejects_bad_flags() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--event-layout"));
 }
+
+/// The sim's KV events decode with msgspec structs shaped like vLLM's, for
+/// every `--event-layout` (tests/py/msgspec_subscriber.py, via replay).
+#[test]
+fn sim_events_decode_with_python_msgspec_for_every_layout() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let python = std::env::var_os("KVGATE_TEST_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| root.join(".cache/venv/bin/python"));
+    assert!(
+        python.exists(),
+        "run `bash scripts/setup-test-env.sh` (the README's test command does)"
+    );
+    for (sim_layout, py_layout) in [("v0.11", "0.11"), ("v0.26", "0.26"), ("map", "map-batch")] {
+        let child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args(["sim", "--port", "0", "--events", "tcp://[::1]:0"])
+            .args(["--replay", "tcp://127.0.0.1:0", "--speedup", "50"])
+            .args(["--event-layout", sim_layout])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut child = Kill(child);
+        let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+        let line = lines.next().unwrap().unwrap();
+        let field = |name: &str| {
+            line.split(&format!("{name}=")).nth(1).unwrap().split(' ').next().unwrap().to_owned()
+        };
+        let (url, events, replay) = (field("http"), field("events"), field("replay"));
+        // 40 prompt tokens: two full 16-token blocks get stored.
+        let prompt: Vec<u32> = (100..140).collect();
+        let body = format!(r#"{{"prompt": {prompt:?}, "max_tokens": 2}}"#);
+        let (status, answer) = http(&url, "POST", "/v1/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+
+        let out = Command::new(&python)
+            .arg(root.join("tests/py/msgspec_subscriber.py"))
+            .args(["--layout", py_layout, "--pub", &events, "--replay", &replay, "--replay-only"])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{sim_layout}: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let decoded: Vec<serde_json::Value> = stdout
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let stored: Vec<&serde_json::Value> = decoded
+            .iter()
+            .filter(|v| v["src"] == "replay")
+            .flat_map(|v| v["batch"]["events"].as_array().unwrap())
+            .filter(|e| e["type"] == "BlockStored")
+            .collect();
+        assert!(!stored.is_empty(), "{sim_layout}: no BlockStored decoded: {stdout}");
+        let first = stored[0];
+        assert_eq!(first["block_size"], 16, "{sim_layout}");
+        let tokens: Vec<u64> =
+            first["token_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+        assert_eq!(
+            tokens,
+            (100..132).collect::<Vec<u64>>(),
+            "{sim_layout}: the two full prompt blocks"
+        );
+        assert!(decoded.iter().any(|v| v["src"] == "end"), "{sim_layout}");
+        assert!(stdout.contains("DONE"));
+    }
+}
