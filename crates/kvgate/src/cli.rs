@@ -5,7 +5,9 @@ use clap::{Args, Parser, Subcommand};
 
 /// kvgate: a KV-cache-aware, token-aware router for vLLM fleets.
 #[derive(Debug, Parser)]
-#[command(name = "kvgate", version, about)]
+// A later occurrence of a flag overrides an earlier one: config files are
+// expanded into flags placed before the command line's own.
+#[command(name = "kvgate", version, about, args_override_self = true)]
 pub(crate) struct Cli {
     /// Log filter (tracing `EnvFilter` syntax, e.g. `info,kvgate_events=debug`).
     /// Defaults to `RUST_LOG`, then `info`. Logs go to stderr.
@@ -31,6 +33,10 @@ pub(crate) enum Command {
 /// `kvgate sim`. See docs/sim.md.
 #[derive(Debug, Args)]
 pub(crate) struct SimArgs {
+    /// A TOML file whose keys are these flags' long names (`num_gpu_blocks = 4096`,
+    /// `hash_bytes = true`, ...); flags given on the command line win.
+    #[arg(long)]
+    pub(crate) config: Option<std::path::PathBuf>,
     /// HTTP host to bind.
     #[arg(long, default_value = "127.0.0.1")]
     pub(crate) host: String,

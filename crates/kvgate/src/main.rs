@@ -3,6 +3,7 @@
 //! Later subcommands (`serve`, `sim`, `replay`) arrive with their issues.
 
 mod cli;
+mod config_file;
 mod events_tail;
 mod sim_cmd;
 mod tokenize_cmd;
@@ -21,7 +22,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    let cli = cli::Cli::parse();
+    let cli = with_config_file(cli::Cli::parse())?;
     init_logging(cli.log.as_deref());
     match cli.command {
         cli::Command::Events(cli::EventsCommand::Tail(args)) => {
@@ -34,6 +35,18 @@ fn run() -> anyhow::Result<()> {
             runtime.block_on(sim_cmd::run(*args))
         }
     }
+}
+
+/// Re-parses the command line with `--config FILE` expanded into flags
+/// (see `config_file`), so that the file is validated like the flags are.
+fn with_config_file(cli: cli::Cli) -> anyhow::Result<cli::Cli> {
+    let cli::Command::Sim(args) = &cli.command else { return Ok(cli) };
+    let Some(path) = &args.config else { return Ok(cli) };
+    let file_flags = config_file::flags_from_file(path)?;
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let Some(at) = argv.iter().position(|a| a == "sim") else { return Ok(cli) };
+    let expanded = config_file::expand(&argv, at, file_flags);
+    cli::Cli::try_parse_from(expanded).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 /// Logs go to stderr so that stdout stays machine-readable (`--json`).

@@ -161,3 +161,44 @@ fn sim_events_decode_with_python_msgspec_for_every_layout() {
         assert!(stdout.contains("DONE"));
     }
 }
+
+/// `--config sim.toml`: keys are the flags' names, the command line wins,
+/// and unknown keys are rejected like unknown flags.
+#[test]
+fn sim_config_file_applies_and_flags_win() {
+    let dir = std::env::temp_dir().join(format!("kvgate-sim-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("sim.toml");
+    std::fs::write(&file, "replicas = 2\nport = 0\nnum_gpu_blocks = 64\nmodel = \"from-file\"\n")
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["sim", "--config"])
+        .arg(&file)
+        .args(["--replicas", "3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut child = Kill(child);
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let mut urls = Vec::new();
+    for i in 0..3 {
+        let line = lines.next().unwrap().unwrap();
+        assert!(line.starts_with(&format!("replica {i}: http=")), "{line}");
+        urls.push(line.split("http=").nth(1).unwrap().split(' ').next().unwrap().to_owned());
+    }
+    let (status, models) = http(&urls[2], "GET", "/v1/models", "");
+    assert_eq!(status, 200);
+    assert!(models.contains("from-file"), "{models}");
+    drop(child);
+
+    std::fs::write(&file, "replicas = 1\nbogus_key = 1\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["sim", "--config"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bogus-key"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
