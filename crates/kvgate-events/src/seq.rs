@@ -73,6 +73,13 @@ impl SeqTracker {
         }
     }
 
+    /// Sets the next expected seq without a batch: after a replay from 0
+    /// found the publisher's buffer empty, its first batch will be seq 0,
+    /// and anything later means batches were missed.
+    pub fn expect(&mut self, next: u64) {
+        self.next = Some(next);
+    }
+
     /// Records that a replay starting at `from` is about to be applied.
     pub fn replay_started(&mut self, from: u64) {
         self.overlap_from = Some(self.overlap_from.map_or(from, |f| f.min(from)));
@@ -112,6 +119,14 @@ mod tests {
         t.applied(10, true);
         // Past the overlap, going backwards means a restart.
         assert_eq!(t.classify(3), Verdict::Restarted { expected: 11, got: 3 });
+    }
+
+    #[test]
+    fn an_empty_buffer_means_the_first_batch_is_seq_zero() {
+        let mut t = SeqTracker::new();
+        t.expect(0);
+        assert_eq!(t.classify(2), Verdict::Gap { from: 0, to: 2 });
+        assert_eq!(t.classify(0), Verdict::Deliver);
     }
 
     #[test]

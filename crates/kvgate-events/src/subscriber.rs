@@ -336,7 +336,7 @@ impl Subscriber {
                         .await?;
                     }
                 }
-                self.apply_replayed(0, items).await
+                self.apply_replayed_from_start(items).await
             }
             Err(e) => {
                 self.send(Update::Degraded { reason: format!("initial replay failed: {e}") }).await
@@ -362,7 +362,7 @@ impl Subscriber {
             Ok(items) if items.is_empty() => {
                 self.reset(ResetReason::RestartedWhileDisconnected { last }).await?;
                 match self.replay(0).await {
-                    Ok(items) => self.apply_replayed(0, items).await,
+                    Ok(items) => self.apply_replayed_from_start(items).await,
                     Err(e) => {
                         self.send(Update::Degraded {
                             reason: format!("replay after restart failed: {e}"),
@@ -412,7 +412,7 @@ impl Subscriber {
                     // The new process's buffer starts at 0: it covers
                     // everything this engine has stored since it started.
                     match self.replay(0).await {
-                        Ok(items) => self.apply_replayed(0, items).await?,
+                        Ok(items) => self.apply_replayed_from_start(items).await?,
                         Err(e) => {
                             self.send(Update::Degraded {
                                 reason: format!("replay after restart failed: {e}"),
@@ -449,6 +449,16 @@ impl Subscriber {
             self.deliver(seq, &payload, true).await?;
         }
         self.send(Update::Replayed { from, count, range }).await
+    }
+
+    /// Applies a replay of the publisher's whole buffer (from seq 0). An
+    /// empty buffer means nothing was published yet, so the first live batch
+    /// must be seq 0: a later one reveals batches lost on the way.
+    async fn apply_replayed_from_start(&mut self, items: Replayed) -> Result<(), SubscriberError> {
+        if items.is_empty() {
+            self.tracker.expect(0);
+        }
+        self.apply_replayed(0, items).await
     }
 
     async fn deliver_if_next(&mut self, seq: u64, payload: &[u8]) -> Result<(), SubscriberError> {
