@@ -566,3 +566,21 @@ async fn dropped_event_batches_are_recovered_by_replay() {
     let text = metrics(&r).await;
     assert!(text.contains("vllm:prefix_cache_queries_total"));
 }
+
+/// TTFT and inter-token latency histograms, with vLLM's names, count every
+/// first token and every later token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_histograms_count_tokens() {
+    let r = replica(config()).await;
+    for _ in 0..2 {
+        post(
+            &r,
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 5, "ignore_eos": true}),
+        )
+        .await;
+    }
+    let text = metrics(&r).await;
+    assert_eq!(scrape(&text, "vllm:time_to_first_token_seconds_count"), Some(2.0), "{text}");
+    assert_eq!(scrape(&text, "vllm:inter_token_latency_seconds_count"), Some(8.0), "{text}");
+}

@@ -40,6 +40,8 @@ pub(crate) enum Command {
 struct Live {
     tokens: mpsc::UnboundedSender<TokenOutput>,
     arrival: Duration,
+    /// When the previous token came out (virtual time), for inter-token latency.
+    last_token: Option<Duration>,
 }
 
 /// Runs until every command sender is dropped.
@@ -78,10 +80,15 @@ pub(crate) async fn run(
         publish(&publisher, out.events);
         for t in out.tokens {
             let finished = t.finished.is_some();
-            if let Some(l) = live.get(&t.request_id) {
-                if t.is_first {
-                    metrics.observe_ttft(done.saturating_sub(l.arrival).as_secs_f64());
+            if let Some(l) = live.get_mut(&t.request_id) {
+                match l.last_token {
+                    _ if t.is_first => {
+                        metrics.observe_ttft(done.saturating_sub(l.arrival).as_secs_f64());
+                    }
+                    Some(prev) => metrics.observe_itl(done.saturating_sub(prev).as_secs_f64()),
+                    None => {}
                 }
+                l.last_token = Some(done);
                 // A closed receiver means the client left; the abort command
                 // follows on the channel.
                 let _ = l.tokens.send(t.clone());
@@ -107,7 +114,7 @@ fn handle(
             let res =
                 engine.add_request(r.id, r.prompt, r.max_tokens, r.min_tokens, r.ignore_eos, now);
             if res.is_ok() {
-                live.insert(r.id, Live { tokens: r.tokens, arrival: now });
+                live.insert(r.id, Live { tokens: r.tokens, arrival: now, last_token: None });
             }
             let _ = r.accepted.send(res);
         }

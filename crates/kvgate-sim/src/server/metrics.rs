@@ -17,19 +17,81 @@ pub const TTFT_BUCKETS: [f64; 22] = [
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
 
-#[derive(Debug, Default)]
+/// vLLM's `vllm:inter_token_latency_seconds` buckets.
+pub const ITL_BUCKETS: [f64; 19] = [
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+
+#[derive(Debug)]
 struct Histogram {
-    counts: [u64; TTFT_BUCKETS.len()],
+    name: &'static str,
+    help: &'static str,
+    buckets: &'static [f64],
+    counts: Vec<u64>,
     count: u64,
     sum: f64,
 }
 
+impl Histogram {
+    fn new(name: &'static str, help: &'static str, buckets: &'static [f64]) -> Histogram {
+        Histogram { name, help, buckets, counts: vec![0; buckets.len()], count: 0, sum: 0.0 }
+    }
+
+    fn observe(&mut self, seconds: f64) {
+        for (count, le) in self.counts.iter_mut().zip(self.buckets) {
+            if seconds <= *le {
+                *count += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += seconds;
+    }
+
+    fn render(&self, out: &mut String, labels: &str) {
+        let (name, help) = (self.name, self.help);
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (le, count) in self.buckets.iter().zip(&self.counts) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels},le=\"{}\"}} {}",
+                float(*le),
+                float(*count as f64)
+            );
+        }
+        let count = float(self.count as f64);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", float(self.sum));
+    }
+}
+
 /// Shared between the driver (writer) and `/metrics` (reader).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Metrics {
     stats: Mutex<EngineStats>,
     ttft: Mutex<Histogram>,
+    itl: Mutex<Histogram>,
     tokenizations: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            stats: Mutex::default(),
+            ttft: Mutex::new(Histogram::new(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                &TTFT_BUCKETS,
+            )),
+            itl: Mutex::new(Histogram::new(
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                &ITL_BUCKETS,
+            )),
+            tokenizations: AtomicU64::new(0),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -47,14 +109,11 @@ impl Metrics {
     }
 
     pub(crate) fn observe_ttft(&self, seconds: f64) {
-        let mut h = lock(&self.ttft);
-        for (i, le) in TTFT_BUCKETS.iter().enumerate() {
-            if seconds <= *le {
-                h.counts[i] += 1;
-            }
-        }
-        h.count += 1;
-        h.sum += seconds;
+        lock(&self.ttft).observe(seconds);
+    }
+
+    pub(crate) fn observe_itl(&self, seconds: f64) {
+        lock(&self.itl).observe(seconds);
     }
 
     pub(crate) fn count_tokenization(&self) {
@@ -138,23 +197,8 @@ impl Metrics {
              vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",num_cpu_blocks=\"{}\",num_gpu_blocks=\"{}\"}} 1.0",
             config.block_size, config.num_cpu_blocks, config.num_gpu_blocks
         );
-        let h = lock(&self.ttft);
-        let name = "vllm:time_to_first_token_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Histogram of time to first token in seconds.\n# TYPE {name} histogram"
-        );
-        for (le, count) in TTFT_BUCKETS.iter().zip(h.counts.iter()) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"{}\"}} {}",
-                float(*le),
-                float(*count as f64)
-            );
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", float(h.count as f64));
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", float(h.count as f64));
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", float(h.sum));
+        lock(&self.ttft).render(&mut out, &labels);
+        lock(&self.itl).render(&mut out, &labels);
         out
     }
 }
