@@ -21,6 +21,7 @@
 use crate::holders::GROUP_SLOTS;
 use crate::index::Index;
 use crate::keys::BlockKey;
+use crate::replica::ReplicaId;
 use crate::Tier;
 
 /// One replica's prefix match for one prompt, in blocks (see the module docs
@@ -65,6 +66,23 @@ impl Index {
             if live != 0 {
                 self.scan_group(keys, group, live, out);
             }
+        }
+    }
+
+    /// The fastest tier in which replica `id` holds `key`, if any. One or two
+    /// map lookups; the router uses it to confirm its tentative blocks.
+    pub fn fastest_tier(&self, key: BlockKey, id: ReplicaId) -> Option<Tier> {
+        let slot = id.index();
+        let (group, bit) = (slot / GROUP_SLOTS, 1u64 << (slot % GROUP_SLOTS));
+        let [gpu, cpu] = self.holders.gpu_cpu(key, group);
+        if gpu & bit != 0 {
+            Some(Tier::Gpu)
+        } else if cpu & bit != 0 {
+            Some(Tier::Cpu)
+        } else if self.holders.storage(key, group) & bit != 0 {
+            Some(Tier::Storage)
+        } else {
+            None
         }
     }
 
@@ -141,7 +159,7 @@ mod tests {
     use kvgate_events::Medium;
 
     use crate::testutil::{index_with, placeholder, removed, stored, tokens};
-    use crate::{block_keys, PrefixMatch};
+    use crate::{block_keys, PrefixMatch, Tier};
 
     #[test]
     fn lower_tiers_continue_the_prefix_but_not_the_gpu_prefix() {
@@ -157,6 +175,10 @@ mod tests {
         index.find_matches(&block_keys(&toks, 4, None), &mut out);
         // Blocks: GPU, CPU, storage, GPU.
         assert_eq!(out, vec![PrefixMatch { total: 4, gpu: 2, cpu: 1, storage: 1, gpu_prefix: 1 }]);
+        let keys = block_keys(&toks, 4, None);
+        let tiers: Vec<_> = keys.iter().map(|k| index.fastest_tier(*k, ids[0])).collect();
+        assert_eq!(tiers, [Some(Tier::Gpu), Some(Tier::Cpu), Some(Tier::Storage), Some(Tier::Gpu)]);
+        assert_eq!(index.fastest_tier(crate::BlockKey(7), ids[0]), None);
     }
 
     #[test]

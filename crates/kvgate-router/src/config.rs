@@ -1,0 +1,372 @@
+//! The router's configuration: one struct, read from the `[router]` table of
+//! kvgate's config file and documented from these doc comments. Defaults live
+//! only here (`Default` impls), so the CLI, the file and the docs cannot
+//! disagree.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::RouterError;
+
+/// Which policy picks the replica. Every policy books through the same ledger.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// kvgate's predicted-TTFT cost model (KV overlap per tier, queue, decode
+    /// load, KV pressure), calibrated per replica.
+    #[default]
+    KvAware,
+    /// Dynamo's classic cost: `overlap_weight × prefill_blocks + decode_blocks`.
+    LinearBlocks,
+    /// A prefix tree of what was sent where, without events (SGLang/vLLM
+    /// router `cache_aware`, Ray's prefix-affinity router).
+    ApproxPrefix,
+    /// Fewest pending prefill tokens.
+    LeastLoad,
+    /// Two random replicas, the one with fewer pending prefill tokens.
+    PowerOfTwo,
+    /// Each replica in turn.
+    RoundRobin,
+    /// Uniformly at random.
+    Random,
+    /// Rendezvous (consistent) hashing on the request's session key; least
+    /// load when a request has none.
+    SessionAffinity,
+}
+
+impl PolicyKind {
+    /// Every policy, in the order the replay bench lists them.
+    pub const ALL: [PolicyKind; 8] = [
+        PolicyKind::KvAware,
+        PolicyKind::LinearBlocks,
+        PolicyKind::ApproxPrefix,
+        PolicyKind::LeastLoad,
+        PolicyKind::PowerOfTwo,
+        PolicyKind::RoundRobin,
+        PolicyKind::Random,
+        PolicyKind::SessionAffinity,
+    ];
+
+    /// The snake_case name used in config files, flags and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::KvAware => "kv_aware",
+            PolicyKind::LinearBlocks => "linear_blocks",
+            PolicyKind::ApproxPrefix => "approx_prefix",
+            PolicyKind::LeastLoad => "least_load",
+            PolicyKind::PowerOfTwo => "power_of_two",
+            PolicyKind::RoundRobin => "round_robin",
+            PolicyKind::Random => "random",
+            PolicyKind::SessionAffinity => "session_affinity",
+        }
+    }
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = RouterError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyKind::ALL.into_iter().find(|p| p.name() == s).ok_or_else(|| {
+            let names: Vec<_> = PolicyKind::ALL.iter().map(|p| p.name()).collect();
+            RouterError::InvalidConfig(format!(
+                "unknown policy {s:?}; expected one of {}",
+                names.join(", ")
+            ))
+        })
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a cost-based policy turns costs into a choice. Deterministic argmin
+/// herds every burst onto one replica, so both modes randomise among
+/// near-equal candidates.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection {
+    /// Uniformly among candidates whose cost is within `epsilon` (relative)
+    /// of the best.
+    #[default]
+    Epsilon,
+    /// Softmax over `-(cost - best) / (temperature × best)`.
+    Softmax,
+}
+
+/// What happens when every replica is over its busy thresholds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdmissionMode {
+    /// Ask the caller to retry shortly, up to `max_queue_wait_ms`, then reject.
+    #[default]
+    Queue,
+    /// Reject at once with a retry-after hint.
+    Reject,
+}
+
+/// Priors and shape of the predicted-TTFT model (policy `kv_aware`).
+/// See `docs/routing.md` for the formula.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CostModelConfig {
+    /// Prior prefill throughput per replica, tokens/s, before calibration.
+    pub prefill_tokens_per_s: f64,
+    /// Prior cost of loading one block from CPU memory to GPU, ms.
+    pub cpu_block_ms: f64,
+    /// Prior cost of loading one block from storage to GPU, ms.
+    pub storage_block_ms: f64,
+    /// Fixed cost of the request's own first step (scheduling, sampling), ms.
+    pub step_overhead_ms: f64,
+    /// Extra time per engine step while any sequence decodes, ms.
+    pub decode_step_ms: f64,
+    /// Extra time per engine step per decoding sequence, ms.
+    pub decode_per_seq_ms: f64,
+    /// KV occupancy (0–1) above which the decode-pressure term starts.
+    pub kv_pressure_start: f64,
+    /// The decode-pressure term at full occupancy, ms; it grows
+    /// quadratically from `kv_pressure_start`.
+    pub kv_pressure_ms: f64,
+    /// Weight of the fleet-wide prefill work a choice adds (its uncached
+    /// tokens), as a fraction of their prefill time. It breaks near-ties
+    /// toward cache reuse and is the same everywhere when nothing is cached.
+    pub work_weight: f64,
+    /// Output tokens assumed when a request gives no `max_tokens`.
+    pub default_output_tokens: u32,
+}
+
+impl Default for CostModelConfig {
+    fn default() -> Self {
+        CostModelConfig {
+            prefill_tokens_per_s: 16_000.0,
+            cpu_block_ms: 0.05,
+            storage_block_ms: 0.5,
+            step_overhead_ms: 20.0,
+            decode_step_ms: 10.0,
+            decode_per_seq_ms: 0.05,
+            kv_pressure_start: 0.8,
+            kv_pressure_ms: 2_000.0,
+            work_weight: 0.2,
+            default_output_tokens: 256,
+        }
+    }
+}
+
+/// Online calibration of each replica's prefill rate and transfer costs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CalibrationConfig {
+    /// Turn calibration off to keep the priors.
+    pub enabled: bool,
+    /// Samples kept per replica; the estimate is their median.
+    pub window: usize,
+    /// Samples needed before the median replaces the prior entirely; fewer
+    /// are blended with the prior so that cold starts cannot swing it.
+    pub min_samples: usize,
+    /// Requests whose queue plus uncached tokens are below this are not
+    /// sampled: fixed overheads dominate them.
+    pub min_sample_tokens: u64,
+    /// A sample's implied rate is clamped to prior ÷ this … prior × this.
+    pub max_ratio_to_prior: f64,
+}
+
+impl Default for CalibrationConfig {
+    fn default() -> Self {
+        CalibrationConfig {
+            enabled: true,
+            window: 31,
+            min_samples: 5,
+            min_sample_tokens: 256,
+            max_ratio_to_prior: 20.0,
+        }
+    }
+}
+
+/// SGLang / vLLM-router `cache_aware` defaults for the `approx_prefix`
+/// baseline.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApproxPrefixConfig {
+    /// Minimum matched fraction of the prompt to follow the best match.
+    pub cache_threshold: f64,
+    /// Imbalance when the busiest replica has this many more requests …
+    pub balance_abs_threshold: u32,
+    /// … and this many times as many as the idlest.
+    pub balance_rel_threshold: f64,
+    /// Symbols (characters or tokens) remembered per replica before LRU
+    /// eviction.
+    pub max_tree_symbols: usize,
+}
+
+impl Default for ApproxPrefixConfig {
+    fn default() -> Self {
+        ApproxPrefixConfig {
+            cache_threshold: 0.3,
+            balance_abs_threshold: 64,
+            balance_rel_threshold: 1.5,
+            max_tree_symbols: 1 << 24,
+        }
+    }
+}
+
+/// Everything that shapes routing decisions.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterConfig {
+    /// The policy.
+    pub policy: PolicyKind,
+    /// How costs become a choice (cost-based policies).
+    pub selection: Selection,
+    /// Relative cost band treated as a tie (`selection = "epsilon"`).
+    pub epsilon: f64,
+    /// Softmax temperature, relative to the best cost (`selection = "softmax"`).
+    pub temperature: f64,
+    /// Seed of the router's randomness; none draws one at startup.
+    pub seed: Option<u64>,
+    /// The predicted-TTFT model.
+    pub cost: CostModelConfig,
+    /// Per-replica calibration.
+    pub calibration: CalibrationConfig,
+    /// `linear_blocks`: weight of prefill blocks against decode blocks
+    /// (Dynamo's `--kv-overlap-score-weight`, default 1).
+    pub linear_overlap_weight: f64,
+    /// `approx_prefix` parameters.
+    pub approx: ApproxPrefixConfig,
+    /// How long a routed prompt's blocks count as cached on the chosen
+    /// replica before events confirm them, ms.
+    pub tentative_ttl_ms: u64,
+    /// Most tentative blocks kept in all (bounds memory under floods).
+    pub tentative_max_blocks: usize,
+    /// A booking whose completion never arrives is expired (and counted)
+    /// after this long, ms.
+    pub booking_timeout_ms: u64,
+    /// Bookings made by a peer ingress expire after this long without news, ms.
+    pub peer_booking_timeout_ms: u64,
+    /// A replica is busy above this many pending prefill tokens; 0 disables.
+    pub busy_pending_tokens: u64,
+    /// A replica is busy above this reported KV usage (0–1); 1 or more disables.
+    pub busy_kv_usage: f64,
+    /// What to do when every replica is busy.
+    pub admission: AdmissionMode,
+    /// Longest a request may wait for a replica to stop being busy, ms.
+    pub max_queue_wait_ms: u64,
+    /// How often a queued request should retry, ms (also the retry-after hint
+    /// floor on rejection).
+    pub queue_poll_ms: u64,
+    /// Engine reports older than this are ignored, ms.
+    pub report_max_age_ms: u64,
+    /// Consecutive engine reports that must disagree with the ledger before
+    /// it is corrected.
+    pub reconcile_reports: u32,
+    /// Decisions kept for the debug endpoint; 0 keeps none.
+    pub explain_last: usize,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            policy: PolicyKind::KvAware,
+            selection: Selection::Epsilon,
+            epsilon: 0.05,
+            temperature: 0.05,
+            seed: None,
+            cost: CostModelConfig::default(),
+            calibration: CalibrationConfig::default(),
+            linear_overlap_weight: 1.0,
+            approx: ApproxPrefixConfig::default(),
+            tentative_ttl_ms: 30_000,
+            tentative_max_blocks: 1 << 20,
+            booking_timeout_ms: 1_800_000,
+            peer_booking_timeout_ms: 60_000,
+            busy_pending_tokens: 0,
+            busy_kv_usage: 1.0,
+            admission: AdmissionMode::Queue,
+            max_queue_wait_ms: 10_000,
+            queue_poll_ms: 50,
+            report_max_age_ms: 10_000,
+            reconcile_reports: 5,
+            explain_last: 256,
+        }
+    }
+}
+
+impl RouterConfig {
+    /// Checks every field once; the router trusts the result.
+    pub fn validate(&self) -> Result<(), RouterError> {
+        let bad = |what: &str| Err(RouterError::InvalidConfig(what.to_string()));
+        let c = &self.cost;
+        let finite_nonneg = |x: f64| x.is_finite() && x >= 0.0;
+        if !(c.prefill_tokens_per_s.is_finite() && c.prefill_tokens_per_s > 0.0) {
+            return bad("cost.prefill_tokens_per_s must be a positive number");
+        }
+        for (name, v) in [
+            ("cost.cpu_block_ms", c.cpu_block_ms),
+            ("cost.storage_block_ms", c.storage_block_ms),
+            ("cost.step_overhead_ms", c.step_overhead_ms),
+            ("cost.decode_step_ms", c.decode_step_ms),
+            ("cost.decode_per_seq_ms", c.decode_per_seq_ms),
+            ("cost.kv_pressure_ms", c.kv_pressure_ms),
+            ("cost.work_weight", c.work_weight),
+            ("epsilon", self.epsilon),
+            ("linear_overlap_weight", self.linear_overlap_weight),
+            ("busy_kv_usage", self.busy_kv_usage),
+        ] {
+            if !finite_nonneg(v) {
+                return bad(&format!("{name} must be a finite number >= 0"));
+            }
+        }
+        if !(0.0..1.0).contains(&c.kv_pressure_start) {
+            return bad("cost.kv_pressure_start must be in [0, 1)");
+        }
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+            return bad("temperature must be > 0");
+        }
+        let cal = &self.calibration;
+        if cal.window == 0 || cal.window > 4096 {
+            return bad("calibration.window must be in 1..=4096");
+        }
+        if !(cal.max_ratio_to_prior.is_finite() && cal.max_ratio_to_prior >= 1.0) {
+            return bad("calibration.max_ratio_to_prior must be >= 1");
+        }
+        let a = &self.approx;
+        if !(0.0..=1.0).contains(&a.cache_threshold) {
+            return bad("approx.cache_threshold must be in [0, 1]");
+        }
+        if !(a.balance_rel_threshold.is_finite() && a.balance_rel_threshold >= 1.0) {
+            return bad("approx.balance_rel_threshold must be >= 1");
+        }
+        if self.queue_poll_ms == 0 {
+            return bad("queue_poll_ms must be > 0");
+        }
+        if self.booking_timeout_ms == 0 || self.peer_booking_timeout_ms == 0 {
+            return bad("booking timeouts must be > 0");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_policies_round_trip() {
+        assert!(RouterConfig::default().validate().is_ok());
+        for p in PolicyKind::ALL {
+            assert_eq!(p.name().parse::<PolicyKind>().ok(), Some(p));
+        }
+        let e = "nope".parse::<PolicyKind>().unwrap_err().to_string();
+        assert!(e.contains("kv_aware"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let mut c = RouterConfig::default();
+        c.cost.prefill_tokens_per_s = 0.0;
+        assert!(c.validate().unwrap_err().to_string().contains("prefill_tokens_per_s"));
+        let mut c = RouterConfig::default();
+        c.epsilon = f64::NAN;
+        assert!(c.validate().unwrap_err().to_string().contains("epsilon"));
+    }
+}

@@ -1,0 +1,114 @@
+//! The predicted-TTFT cost model of policy `kv_aware`.
+//!
+//! For one replica and one request (all times in seconds):
+//!
+//! ```text
+//! U        = prompt tokens - block_size × cached prefix blocks   (at least 1)
+//! queue    = σ × P                       P: pending prefill tokens ahead
+//! prefill  = σ × U                       σ: calibrated seconds per token
+//! transfer = τ_cpu × cpu blocks + τ_storage × storage blocks
+//! steps    = max(1, (P + U) / max_num_batched_tokens)
+//! interf.  = steps × (decode_step + decode_per_seq × D)   if D > 0, else 0
+//! ttft     = queue + prefill + transfer + interf. + step_overhead
+//! pressure = kv_pressure × ((u - start) / (1 - start))²    u: KV occupancy after booking
+//! cost     = ttft + pressure + work_weight × σ × U
+//! ```
+//!
+//! Every term is non-decreasing in the load (P, D, occupancy) and
+//! non-increasing in the cached prefix, which the property tests check. With
+//! nothing cached anywhere, U is the same on every replica, so the cost
+//! orders replicas by their load alone: the model *is* least-load there, with
+//! no mode switch.
+
+use crate::config::CostModelConfig;
+
+/// What the model needs about one candidate.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CostInputs {
+    /// The request's prompt tokens.
+    pub prompt_tokens: u64,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Cached prefix blocks usable without recompute (any tier).
+    pub cached_blocks: u32,
+    /// Of those, blocks to load from CPU and from storage.
+    pub lower_blocks: [u32; 2],
+    /// Prefill tokens queued ahead on the replica.
+    pub queue_tokens: u64,
+    /// Sequences decoding on the replica.
+    pub decoding: u32,
+    /// KV blocks in use before this request.
+    pub kv_used_blocks: u64,
+    /// KV blocks this request adds (uncached prompt + expected output).
+    pub kv_new_blocks: u64,
+    /// GPU KV capacity in blocks; 0 when unknown (no pressure term).
+    pub kv_capacity_blocks: u64,
+    /// The replica's per-step token budget.
+    pub max_num_batched_tokens: u32,
+    /// Calibrated seconds per prefill token.
+    pub prefill_s_per_token: f64,
+    /// Calibrated seconds per block from CPU and from storage.
+    pub transfer_s_per_block: [f64; 2],
+}
+
+/// The model's breakdown for one candidate.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Prediction {
+    /// Uncached tokens this request would prefill there.
+    pub uncached_tokens: u64,
+    /// Seconds waiting for the queue ahead.
+    pub queue_s: f64,
+    /// Seconds of its own prefill.
+    pub prefill_s: f64,
+    /// Seconds loading lower-tier blocks.
+    pub transfer_s: f64,
+    /// Seconds of decode steps interleaved with the prefill.
+    pub interference_s: f64,
+    /// Fixed seconds of the first step.
+    pub overhead_s: f64,
+    /// Predicted time to first token.
+    pub ttft_s: f64,
+    /// The decode-pressure penalty.
+    pub pressure_s: f64,
+    /// What the policy minimises.
+    pub cost: f64,
+}
+
+/// Evaluates the model.
+pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
+    let cached_tokens = u64::from(x.cached_blocks) * u64::from(x.block_size);
+    let uncached = x.prompt_tokens.saturating_sub(cached_tokens).max(1);
+    let sigma = x.prefill_s_per_token;
+    let queue_s = sigma * x.queue_tokens as f64;
+    let prefill_s = sigma * uncached as f64;
+    let transfer_s = x.transfer_s_per_block[0] * f64::from(x.lower_blocks[0])
+        + x.transfer_s_per_block[1] * f64::from(x.lower_blocks[1]);
+    let interference_s = if x.decoding > 0 {
+        let work = (x.queue_tokens + uncached) as f64;
+        let steps = (work / f64::from(x.max_num_batched_tokens.max(1))).max(1.0);
+        steps * (c.decode_step_ms + c.decode_per_seq_ms * f64::from(x.decoding)) / 1000.0
+    } else {
+        0.0
+    };
+    let overhead_s = c.step_overhead_ms / 1000.0;
+    let ttft_s = queue_s + prefill_s + transfer_s + interference_s + overhead_s;
+    let pressure_s = if x.kv_capacity_blocks > 0 {
+        let u = (x.kv_used_blocks + x.kv_new_blocks) as f64 / x.kv_capacity_blocks as f64;
+        let over = ((u - c.kv_pressure_start) / (1.0 - c.kv_pressure_start)).max(0.0);
+        c.kv_pressure_ms / 1000.0 * over * over
+    } else {
+        0.0
+    };
+    let cost = ttft_s + pressure_s + c.work_weight * prefill_s;
+    Prediction {
+        uncached_tokens: uncached,
+        queue_s,
+        prefill_s,
+        transfer_s,
+        interference_s,
+        overhead_s,
+        ttft_s,
+        pressure_s,
+        cost,
+    }
+}

@@ -1,0 +1,306 @@
+//! One decision: gather every replica's candidate row (overlap, load,
+//! prediction), apply admission, let the policy choose, book the winner.
+//! Every policy goes through this one path, so none can skip the ledger.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvgate_index::{BlockKey, Index, PrefixMatch, ReplicaId};
+
+use crate::calibrate::SampleBasis;
+use crate::config::{AdmissionMode, PolicyKind};
+use crate::cost::{predict, CostInputs, Prediction};
+use crate::explain::{Candidate, Explanation, Reason};
+use crate::ledger::{lock, Booking};
+use crate::replica::Health;
+use crate::router::{Router, RouterMetrics};
+
+/// What the router needs to know about a request.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RouteRequest<'a> {
+    /// Prompt length in tokens.
+    pub prompt_tokens: u64,
+    /// The prompt's block keys (full blocks, from `kvgate_index::block_keys`).
+    pub keys: &'a [BlockKey],
+    /// The request's `max_tokens`, if given.
+    pub max_output_tokens: Option<u32>,
+    /// Session key for `session_affinity` (a header or the `user` field).
+    pub session_key: Option<&'a str>,
+    /// What `approx_prefix` remembers: the prompt's characters as `u32`, or
+    /// its token ids. Without it, the block keys are used (block granularity).
+    pub approx_symbols: Option<&'a [u32]>,
+    /// When the request first asked and was told to wait, if it was.
+    pub queued_since: Option<Instant>,
+}
+
+/// Why a request was not routed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    /// No replica is routable (none registered, or all down).
+    NoReplica,
+    /// Every replica is busy and waiting is not allowed or took too long.
+    AllBusy,
+}
+
+/// A routed request.
+#[derive(Debug)]
+pub struct Routed {
+    /// The chosen replica.
+    pub replica: ReplicaId,
+    /// Its ledger booking; finish it (or drop it) when the request ends.
+    pub booking: Booking,
+    /// The model's TTFT prediction there, seconds.
+    pub predicted_ttft_s: f64,
+    /// Prefix blocks counted as cached there (events plus tentative).
+    pub cached_blocks: u32,
+    /// The decision's explanation, when the decision log is on.
+    pub explanation: Option<Arc<Explanation>>,
+}
+
+/// The outcome of a decision.
+#[derive(Debug)]
+pub enum Decision {
+    /// Send it here.
+    Routed(Routed),
+    /// Every replica is busy: retry after this long, passing `queued_since`.
+    Wait {
+        /// When to ask again.
+        retry_after: Duration,
+    },
+    /// Give up; the hint is for a `Retry-After` header.
+    Reject {
+        /// Why.
+        reason: RejectReason,
+        /// When a retry might succeed.
+        retry_after: Duration,
+    },
+}
+
+impl Decision {
+    /// The routed request, if any.
+    pub fn routed(self) -> Option<Routed> {
+        match self {
+            Decision::Routed(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+impl Router {
+    /// Decides where `req` goes, matching its keys against `index` (whose
+    /// replica ids are this router's).
+    pub fn decide(&mut self, req: &RouteRequest<'_>, index: &Index, now: Instant) -> Decision {
+        let mut matches = std::mem::take(&mut self.scratch_matches);
+        index.find_matches(req.keys, &mut matches);
+        self.maintain(now, Some(index));
+        let d = self.decide_inner(req, &matches, now);
+        self.scratch_matches = matches;
+        d
+    }
+
+    /// Decides with prefix matches computed elsewhere (`matches[id.index()]`
+    /// as `Index::find_matches` returns them; missing entries count as none).
+    pub fn decide_with_matches(
+        &mut self,
+        req: &RouteRequest<'_>,
+        matches: &[PrefixMatch],
+        now: Instant,
+    ) -> Decision {
+        self.maintain(now, None);
+        self.decide_inner(req, matches, now)
+    }
+
+    fn decide_inner(
+        &mut self,
+        req: &RouteRequest<'_>,
+        matches: &[PrefixMatch],
+        now: Instant,
+    ) -> Decision {
+        let policy = self.config.policy;
+        let mut cands = std::mem::take(&mut self.scratch_cands);
+        let mut preds: Vec<(Prediction, SampleBasis, u64)> = Vec::with_capacity(self.order.len());
+        cands.clear();
+        self.gather(req, matches, now, &mut cands, &mut preds);
+
+        let routable = cands.iter().filter(|c| c.health != Health::Down).count();
+        let eligible: Vec<usize> = (0..cands.len())
+            .filter(|&i| cands[i].health != Health::Down && !cands[i].busy)
+            .collect();
+        let outcome = if routable == 0 {
+            Err((Reason::NoReplica, RejectReason::NoReplica))
+        } else if eligible.is_empty() {
+            let waited = req.queued_since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+            let may_wait = self.config.admission == AdmissionMode::Queue
+                && waited < Duration::from_millis(self.config.max_queue_wait_ms);
+            if may_wait {
+                Err((Reason::AllBusyWait, RejectReason::AllBusy))
+            } else {
+                Err((Reason::AllBusyReject, RejectReason::AllBusy))
+            }
+        } else {
+            Ok(self.choose(policy, req, &cands, &eligible))
+        };
+
+        let poll = Duration::from_millis(self.config.queue_poll_ms);
+        let decision = match outcome {
+            Ok(Some((i, reason))) => {
+                let (pred, basis, blocks) = preds[i];
+                let c = cands[i];
+                let id = lock(&self.books).book_local(
+                    c.replica,
+                    pred.uncached_tokens,
+                    blocks,
+                    Some(basis),
+                    now,
+                );
+                let booking = Booking::new(self.books.clone(), id, c.replica);
+                let cached = c.overlap_blocks.iter().sum::<u32>() + c.tentative_blocks;
+                if policy == PolicyKind::KvAware && c.health == Health::Healthy {
+                    let from = (cached as usize).min(req.keys.len());
+                    self.tentative.add(c.replica, &req.keys[from..], now);
+                }
+                if policy == PolicyKind::ApproxPrefix {
+                    self.remember_approx(req, c.replica);
+                }
+                RouterMetrics::inc(&self.metrics.routed);
+                if req.queued_since.is_some() {
+                    RouterMetrics::inc(&self.metrics.routed_after_wait);
+                }
+                let explanation = self.log_decision(req, &cands, Some((c.replica, id)), reason, now);
+                Decision::Routed(Routed {
+                    replica: c.replica,
+                    booking,
+                    predicted_ttft_s: c.predicted_ttft_s,
+                    cached_blocks: cached,
+                    explanation,
+                })
+            }
+            Ok(None) => {
+                // Unreachable in practice (eligible was non-empty); treat as busy.
+                RouterMetrics::inc(&self.metrics.rejected);
+                self.log_decision(req, &cands, None, Reason::AllBusyReject, now);
+                Decision::Reject { reason: RejectReason::AllBusy, retry_after: poll }
+            }
+            Err((reason, why)) => {
+                self.log_decision(req, &cands, None, reason, now);
+                if reason == Reason::AllBusyWait {
+                    RouterMetrics::inc(&self.metrics.waits);
+                    Decision::Wait { retry_after: poll }
+                } else {
+                    RouterMetrics::inc(&self.metrics.rejected);
+                    let retry_after = if why == RejectReason::NoReplica {
+                        Duration::from_secs(1)
+                    } else {
+                        poll.max(Duration::from_secs(1))
+                    };
+                    Decision::Reject { reason: why, retry_after }
+                }
+            }
+        };
+        self.scratch_cands = cands;
+        decision
+    }
+
+    /// Fills one candidate row and one prediction per registered replica.
+    fn gather(
+        &self,
+        req: &RouteRequest<'_>,
+        matches: &[PrefixMatch],
+        now: Instant,
+        cands: &mut Vec<Candidate>,
+        preds: &mut Vec<(Prediction, SampleBasis, u64)>,
+    ) {
+        let cfg = &self.config;
+        let books = lock(&self.books);
+        let avg_tokens = books.avg_prefill_tokens();
+        let out_tokens =
+            u64::from(req.max_output_tokens.unwrap_or(cfg.cost.default_output_tokens));
+        for &id in &self.order {
+            let Some(r) = self.replicas.get(id.index()).and_then(Option::as_ref) else { continue };
+            let Some(view) = books.view(id) else { continue };
+            let mut m = matches.get(id.index()).copied().unwrap_or_default();
+            if r.health != Health::Healthy {
+                // A view being rebuilt is not evidence of cached blocks.
+                m = PrefixMatch::default();
+            }
+            let tentative = if cfg.policy == PolicyKind::KvAware && r.health == Health::Healthy {
+                self.tentative.extension(id, req.keys, m.total as usize)
+            } else {
+                0
+            };
+            let report = self.fresh_report(r, now);
+            let queue_tokens = view.load.pending_prefill_tokens
+                + (f64::from(view.external_waiting) * avg_tokens) as u64;
+            let decoding = view.load.decoding_requests
+                + view.external_requests.saturating_sub(view.external_waiting);
+            let bs = u64::from(r.info.block_size);
+            let cap = r.info.capacity_blocks[0];
+            let reported_used = report.map_or(0, |rep| (rep.kv_usage.max(0.0) * cap as f64) as u64);
+            let cached_blocks = m.total + tentative;
+            let uncached = req.prompt_tokens.saturating_sub(u64::from(cached_blocks) * bs);
+            let new_blocks = (uncached + out_tokens).div_ceil(bs);
+            let x = CostInputs {
+                prompt_tokens: req.prompt_tokens,
+                block_size: r.info.block_size,
+                cached_blocks,
+                lower_blocks: [m.cpu, m.storage],
+                queue_tokens,
+                decoding,
+                kv_used_blocks: reported_used.max(view.load.booked_blocks),
+                kv_new_blocks: new_blocks,
+                kv_capacity_blocks: cap,
+                max_num_batched_tokens: r.info.max_num_batched_tokens,
+                prefill_s_per_token: view.prefill_s_per_token,
+                transfer_s_per_block: view.transfer_s_per_block,
+            };
+            let pred = predict(&cfg.cost, &x);
+            let busy_tokens = cfg.busy_pending_tokens > 0 && queue_tokens > cfg.busy_pending_tokens;
+            let busy_kv = cfg.busy_kv_usage < 1.0
+                && report.is_some_and(|rep| rep.kv_usage >= cfg.busy_kv_usage);
+            cands.push(Candidate {
+                replica: id,
+                health: r.health,
+                busy: busy_tokens || busy_kv,
+                overlap_blocks: [m.gpu, m.cpu, m.storage],
+                tentative_blocks: tentative,
+                pending_prefill_tokens: queue_tokens,
+                decoding,
+                requests: view.load.requests() + view.external_requests,
+                booked_blocks: view.load.booked_blocks,
+                predicted_ttft_s: pred.ttft_s,
+                score: pred.cost,
+            });
+            let basis = SampleBasis {
+                prefill_tokens: queue_tokens + pred.uncached_tokens,
+                lower_blocks: [m.cpu, m.storage],
+                other_s: pred.overhead_s + pred.interference_s,
+            };
+            preds.push((pred, basis, new_blocks));
+        }
+    }
+
+    fn log_decision(
+        &mut self,
+        req: &RouteRequest<'_>,
+        cands: &[Candidate],
+        chosen: Option<(ReplicaId, u64)>,
+        reason: Reason,
+        now: Instant,
+    ) -> Option<Arc<Explanation>> {
+        if !self.log.enabled() {
+            return None;
+        }
+        let e = Arc::new(Explanation {
+            at: now,
+            booking: chosen.map(|c| c.1),
+            policy: self.config.policy,
+            prompt_tokens: req.prompt_tokens,
+            prompt_blocks: req.keys.len() as u32,
+            chosen: chosen.map(|c| c.0),
+            reason,
+            candidates: cands.to_vec(),
+        });
+        self.log.push(e.clone());
+        Some(e)
+    }
+}

@@ -1,0 +1,268 @@
+//! The router: replicas, their health and reports, the ledger, tentative
+//! blocks, and the decision entry points. The decision itself (gathering
+//! candidates, applying a policy, booking) is in `decide.rs`.
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kvgate_index::ReplicaId;
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+
+use crate::approx_tree::ApproxTree;
+use crate::config::RouterConfig;
+use crate::error::RouterError;
+use crate::explain::{Candidate, DecisionLog, Explanation};
+use crate::ledger::{lock, Books, LedgerChange, LedgerTotals, LoadView, PeerId, SharedBooks};
+use crate::replica::{EngineReport, Health, ReplicaInfo};
+use crate::tentative::{Tentative, TentativeStats};
+
+/// Decision counters, shared with whoever exports metrics.
+#[derive(Debug, Default)]
+pub struct RouterMetrics {
+    /// Requests routed to a replica.
+    pub routed: AtomicU64,
+    /// Decisions that asked the caller to wait (every replica busy).
+    pub waits: AtomicU64,
+    /// Decisions that rejected the request.
+    pub rejected: AtomicU64,
+    /// Routed requests that were first asked to wait.
+    pub routed_after_wait: AtomicU64,
+}
+
+impl RouterMetrics {
+    pub(crate) fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The router's per-replica state.
+#[derive(Clone, Debug)]
+pub(crate) struct RouterReplica {
+    pub(crate) info: ReplicaInfo,
+    pub(crate) health: Health,
+    pub(crate) report: Option<EngineReport>,
+    /// Seed of this replica's rendezvous hash (from its name).
+    pub(crate) name_hash: u64,
+}
+
+/// Routing decisions for one model's fleet. Sans-IO: time is an argument.
+#[derive(Debug)]
+pub struct Router {
+    pub(crate) config: RouterConfig,
+    pub(crate) books: SharedBooks,
+    pub(crate) replicas: Vec<Option<RouterReplica>>,
+    /// Registered ids in registration order (candidate order).
+    pub(crate) order: Vec<ReplicaId>,
+    pub(crate) tentative: Tentative,
+    pub(crate) rng: SmallRng,
+    pub(crate) rr_cursor: usize,
+    pub(crate) approx: ApproxTree,
+    pub(crate) approx_tick: u64,
+    pub(crate) log: DecisionLog,
+    pub(crate) metrics: Arc<RouterMetrics>,
+    /// Reused buffers (no allocation per decision when the log is off).
+    pub(crate) scratch_matches: Vec<kvgate_index::PrefixMatch>,
+    pub(crate) scratch_cands: Vec<Candidate>,
+    pub(crate) scratch_costs: Vec<(usize, f64)>,
+    pub(crate) scratch_approx: Vec<u32>,
+}
+
+impl Router {
+    /// A router with no replicas. Fails on an invalid config.
+    pub fn new(config: RouterConfig, metrics: Arc<RouterMetrics>) -> Result<Router, RouterError> {
+        config.validate()?;
+        // No clock in a sans-IO crate: an unseeded router takes its seed from
+        // the process's randomly keyed hasher.
+        let seed = config.seed.unwrap_or_else(|| RandomState::new().hash_one(0x6b76_6761_7465u64));
+        let mut books = Books::new(config.clone());
+        books.set_outbox(false);
+        Ok(Router {
+            tentative: Tentative::new(
+                Duration::from_millis(config.tentative_ttl_ms),
+                config.tentative_max_blocks,
+            ),
+            log: DecisionLog::new(config.explain_last),
+            config,
+            books: Arc::new(Mutex::new(books)),
+            replicas: Vec::new(),
+            order: Vec::new(),
+            rng: SmallRng::seed_from_u64(seed),
+            rr_cursor: 0,
+            approx: ApproxTree::new(),
+            approx_tick: 0,
+            metrics,
+            scratch_matches: Vec::new(),
+            scratch_cands: Vec::new(),
+            scratch_costs: Vec::new(),
+            scratch_approx: Vec::new(),
+        })
+    }
+
+    /// The validated config.
+    pub fn config(&self) -> &RouterConfig {
+        &self.config
+    }
+
+    /// The shared counters.
+    pub fn metrics(&self) -> &Arc<RouterMetrics> {
+        &self.metrics
+    }
+
+    /// Registers a replica under the index's id for it (so that index
+    /// matches line up with router state).
+    pub fn add_replica(&mut self, id: ReplicaId, info: ReplicaInfo) -> Result<(), RouterError> {
+        info.validate()?;
+        if self.replicas.get(id.index()).is_some_and(Option::is_some) {
+            return Err(RouterError::DuplicateReplica(id));
+        }
+        if self.replicas.len() <= id.index() {
+            self.replicas.resize(id.index() + 1, None);
+        }
+        let name_hash = xxhash_rust::xxh3::xxh3_64(info.name.as_bytes());
+        self.replicas[id.index()] =
+            Some(RouterReplica { info, health: Health::Healthy, report: None, name_hash });
+        self.order.push(id);
+        lock(&self.books).add_replica(id);
+        Ok(())
+    }
+
+    /// Removes a replica: its bookings are released (counted as
+    /// `replica_removed`), its tentative blocks and prefix memory forgotten.
+    pub fn remove_replica(&mut self, id: ReplicaId) -> Result<(), RouterError> {
+        let slot = self.replicas.get_mut(id.index()).ok_or(RouterError::UnknownReplica(id))?;
+        if slot.take().is_none() {
+            return Err(RouterError::UnknownReplica(id));
+        }
+        self.order.retain(|&r| r != id);
+        self.tentative.clear_replica(id);
+        self.approx.remove_tenant(id.0);
+        lock(&self.books).remove_replica(id);
+        Ok(())
+    }
+
+    fn replica_mut(&mut self, id: ReplicaId) -> Result<&mut RouterReplica, RouterError> {
+        self.replicas.get_mut(id.index()).and_then(Option::as_mut).ok_or(RouterError::UnknownReplica(id))
+    }
+
+    /// Static facts and health of a replica.
+    pub fn replica(&self, id: ReplicaId) -> Option<(&ReplicaInfo, Health)> {
+        self.replicas.get(id.index())?.as_ref().map(|r| (&r.info, r.health))
+    }
+
+    /// Registered replicas in candidate order.
+    pub fn replica_ids(&self) -> &[ReplicaId] {
+        &self.order
+    }
+
+    /// Updates the static facts (capacity learned from the engine, say).
+    pub fn update_info(&mut self, id: ReplicaId, info: ReplicaInfo) -> Result<(), RouterError> {
+        info.validate()?;
+        let r = self.replica_mut(id)?;
+        r.name_hash = xxhash_rust::xxh3::xxh3_64(info.name.as_bytes());
+        r.info = info;
+        Ok(())
+    }
+
+    /// Sets a replica's health. Leaving `Healthy` drops its tentative blocks:
+    /// its view is being rebuilt and must not attract traffic to ghosts.
+    pub fn set_health(&mut self, id: ReplicaId, health: Health) -> Result<(), RouterError> {
+        self.replica_mut(id)?.health = health;
+        if health != Health::Healthy {
+            self.tentative.clear_replica(id);
+        }
+        Ok(())
+    }
+
+    /// The engine reported its metrics: kept for KV pressure and busy checks,
+    /// and compared with the ledger.
+    pub fn report(&mut self, id: ReplicaId, report: EngineReport) -> Result<(), RouterError> {
+        self.replica_mut(id)?.report = Some(report);
+        lock(&self.books).reconcile(id, &report);
+        Ok(())
+    }
+
+    /// The engine's last report if it is fresh at `now`.
+    pub(crate) fn fresh_report(&self, r: &RouterReplica, now: Instant) -> Option<EngineReport> {
+        let max_age = Duration::from_millis(self.config.report_max_age_ms);
+        r.report.filter(|rep| now.saturating_duration_since(rep.at) <= max_age)
+    }
+
+    /// The ledger's view of a replica's load and calibration.
+    pub fn load(&self, id: ReplicaId) -> Option<LoadView> {
+        lock(&self.books).view(id)
+    }
+
+    /// The ledger's lifetime counters.
+    pub fn ledger_totals(&self) -> LedgerTotals {
+        lock(&self.books).totals()
+    }
+
+    /// Bookings in flight (all origins).
+    pub fn in_flight(&self) -> usize {
+        lock(&self.books).in_flight()
+    }
+
+    /// Tentative-block counters.
+    pub fn tentative_stats(&self) -> TentativeStats {
+        self.tentative.stats()
+    }
+
+    /// Size of the `approx_prefix` memory: (tree nodes, replica slots seen).
+    pub fn approx_memory(&self) -> (usize, usize) {
+        (self.approx.node_count(), self.approx.tenant_bound())
+    }
+
+    /// The last decisions, oldest first.
+    pub fn recent_decisions(&self) -> impl DoubleEndedIterator<Item = &Arc<Explanation>> {
+        self.log.iter()
+    }
+
+    /// Periodic upkeep: expires stale bookings and tentative blocks. Decisions
+    /// call it too; call it from a timer when traffic may stop.
+    pub fn maintain(&mut self, now: Instant, index: Option<&kvgate_index::Index>) {
+        lock(&self.books).sweep(now);
+        self.tentative.expire(now, index);
+    }
+
+    /// Starts (or stops) collecting local ledger changes for peers.
+    pub fn share_with_peers(&mut self, enabled: bool) {
+        lock(&self.books).set_outbox(enabled);
+    }
+
+    /// Moves the local ledger changes made since the last call into `out`.
+    /// Returns how many changes were dropped because nobody drained them.
+    pub fn drain_ledger_changes(&mut self, out: &mut Vec<LedgerChange>) -> u64 {
+        let mut books = lock(&self.books);
+        books.drain_changes(out);
+        books.outbox_overflow()
+    }
+
+    /// Applies a booking change another ingress made. Replica ids must be
+    /// mapped to this router's ids by the caller. Returns false for a change
+    /// that no longer applies (already finished, unknown replica); such
+    /// changes are counted as late updates, never an error.
+    pub fn apply_peer(&mut self, peer: PeerId, change: &LedgerChange, now: Instant) -> bool {
+        let mut books = lock(&self.books);
+        let origin = crate::ledger::Origin::Peer(peer);
+        match *change {
+            LedgerChange::Book { id, replica, prefill_tokens, blocks } => {
+                books.book_peer(peer, id, replica, prefill_tokens, blocks, now)
+            }
+            LedgerChange::FirstToken { id } => books.first_token((origin, id), now).is_some(),
+            LedgerChange::Finish { id } => books.release(
+                (origin, id),
+                crate::ledger::Release::Outcome(crate::ledger::Outcome::Finished),
+            ),
+        }
+    }
+
+    /// Drops every booking a peer made (it went away); they are counted as
+    /// `peer_gone`. Returns how many.
+    pub fn forget_peer(&mut self, peer: PeerId) -> usize {
+        lock(&self.books).forget_peer(peer)
+    }
+}

@@ -1,0 +1,104 @@
+//! Turning scores into one choice without herding: ties and near-ties are
+//! broken at random, so a burst of identical requests spreads over equally
+//! good replicas instead of piling onto the first.
+
+use rand::rngs::SmallRng;
+use rand::Rng;
+
+use crate::config::Selection;
+use crate::explain::Reason;
+
+/// Picks among `costs` (index, cost), lowest is best. `None` when empty.
+pub(crate) fn pick_cost(
+    costs: &[(usize, f64)],
+    selection: Selection,
+    epsilon: f64,
+    temperature: f64,
+    rng: &mut SmallRng,
+) -> Option<(usize, Reason)> {
+    let best = costs.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
+    if !best.is_finite() {
+        return None;
+    }
+    if costs.len() == 1 {
+        return Some((costs[0].0, Reason::Only));
+    }
+    match selection {
+        Selection::Epsilon => {
+            // A tiny absolute slack keeps exact ties (zero costs) a tie.
+            let band = best + best.abs() * epsilon + 1e-12;
+            let n = costs.iter().filter(|c| c.1 <= band).count();
+            let k = rng.random_range(0..n.max(1));
+            let chosen = costs.iter().filter(|c| c.1 <= band).nth(k)?.0;
+            let reason = if n == 1 { Reason::LowestCost } else { Reason::NearTie { among: n as u32 } };
+            Some((chosen, reason))
+        }
+        Selection::Softmax => {
+            let scale = (temperature * best.abs()).max(1e-9);
+            let weight = |c: f64| (-(c - best) / scale).exp();
+            let total: f64 = costs.iter().map(|c| weight(c.1)).sum();
+            let mut x = rng.random::<f64>() * total;
+            for c in costs {
+                x -= weight(c.1);
+                if x <= 0.0 {
+                    return Some((c.0, Reason::Softmax));
+                }
+            }
+            costs.last().map(|c| (c.0, Reason::Softmax))
+        }
+    }
+}
+
+/// The minimum of integer scores, ties broken uniformly.
+pub(crate) fn pick_min<T: Ord + Copy>(items: &[(usize, T)], rng: &mut SmallRng) -> Option<usize> {
+    let best = items.iter().map(|c| c.1).min()?;
+    let n = items.iter().filter(|c| c.1 == best).count();
+    let k = rng.random_range(0..n);
+    items.iter().filter(|c| c.1 == best).nth(k).map(|c| c.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    #[test]
+    fn epsilon_band_spreads_near_ties_and_keeps_clear_winners() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let costs = [(0, 1.0), (1, 1.01), (2, 2.0)];
+        let mut seen = [0; 3];
+        for _ in 0..1000 {
+            let (i, _) = pick_cost(&costs, Selection::Epsilon, 0.05, 0.1, &mut rng).unwrap();
+            seen[i] += 1;
+        }
+        assert_eq!(seen[2], 0);
+        assert!(seen[0] > 400 && seen[1] > 400, "{seen:?}");
+        let (i, r) = pick_cost(&costs, Selection::Epsilon, 0.0, 0.1, &mut rng).unwrap();
+        assert_eq!((i, r), (0, Reason::LowestCost));
+    }
+
+    #[test]
+    fn softmax_prefers_cheaper_but_not_always() {
+        let mut rng = SmallRng::seed_from_u64(2);
+        let costs = [(0, 1.0), (1, 1.1)];
+        let mut seen = [0; 2];
+        for _ in 0..2000 {
+            seen[pick_cost(&costs, Selection::Softmax, 0.0, 0.1, &mut rng).unwrap().0] += 1;
+        }
+        assert!(seen[0] > seen[1] && seen[1] > 200, "{seen:?}");
+    }
+
+    #[test]
+    fn integer_ties_are_random() {
+        let mut rng = SmallRng::seed_from_u64(3);
+        let items = [(0, 5u64), (1, 3), (2, 3)];
+        let mut seen = [0; 3];
+        for _ in 0..400 {
+            seen[pick_min(&items, &mut rng).unwrap()] += 1;
+        }
+        assert_eq!(seen[0], 0);
+        assert!(seen[1] > 100 && seen[2] > 100);
+        assert_eq!(pick_cost(&[], Selection::Epsilon, 0.1, 0.1, &mut rng), None);
+    }
+}
