@@ -365,8 +365,7 @@ mod tests {
         let mut c = RouterConfig::default();
         c.cost.prefill_tokens_per_s = 0.0;
         assert!(c.validate().unwrap_err().to_string().contains("prefill_tokens_per_s"));
-        let mut c = RouterConfig::default();
-        c.epsilon = f64::NAN;
+        let c = RouterConfig { epsilon: f64::NAN, ..RouterConfig::default() };
         assert!(c.validate().unwrap_err().to_string().contains("epsilon"));
     }
 }

@@ -112,3 +112,48 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
         cost,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The worked example of `docs/routing.md`, so the doc stays true.
+    #[test]
+    fn worked_example_in_docs_routing_md() {
+        let c = CostModelConfig::default();
+        let base = CostInputs {
+            prompt_tokens: 4296,
+            block_size: 16,
+            cached_blocks: 256,
+            kv_capacity_blocks: 10_000,
+            max_num_batched_tokens: 8192,
+            prefill_s_per_token: 1.0 / 16_000.0,
+            transfer_s_per_block: [0.05e-3, 0.5e-3],
+            kv_new_blocks: 29,
+            ..CostInputs::default()
+        };
+        let a = predict(
+            &c,
+            &CostInputs { queue_tokens: 12_000, decoding: 30, kv_used_blocks: 8_500, ..base },
+        );
+        let b = predict(
+            &c,
+            &CostInputs {
+                lower_blocks: [256, 0],
+                queue_tokens: 2_000,
+                decoding: 10,
+                kv_used_blocks: 4_000,
+                ..base
+            },
+        );
+        let cold = predict(
+            &c,
+            &CostInputs { cached_blocks: 0, kv_used_blocks: 1_000, kv_new_blocks: 285, ..base },
+        );
+        let r = |x: f64| (x * 10_000.0).round() / 10_000.0;
+        assert_eq!([r(a.ttft_s), r(a.pressure_s), r(a.cost)], [0.7996, 0.1399, 0.942]);
+        assert_eq!([r(b.ttft_s), r(b.transfer_s), r(b.cost)], [0.1808, 0.0128, 0.1833]);
+        assert_eq!([r(cold.ttft_s), r(cold.cost)], [0.2885, 0.3422]);
+        assert_eq!(cold.uncached_tokens, 4296);
+    }
+}

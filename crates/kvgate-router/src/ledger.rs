@@ -554,17 +554,6 @@ impl Books {
             }
         }
     }
-
-    /// Sum of pending prefill tokens over replicas (for invariant checks).
-    #[cfg(test)]
-    pub(crate) fn pending_sum(&self) -> u64 {
-        self.replicas.iter().flatten().map(|r| r.load.pending_prefill_tokens).sum()
-    }
-
-    #[cfg(test)]
-    pub(crate) fn requests_sum(&self) -> u64 {
-        self.replicas.iter().flatten().map(|r| u64::from(r.load.requests())).sum()
-    }
 }
 
 /// The RAII handle of a local booking. Call [`first_token`](Booking::first_token)

@@ -1,0 +1,432 @@
+//! Behaviour of the decision path: health, admission, tentative blocks,
+//! explanations, reconciliation, expiry, peers and each baseline.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvgate_index::{BlockKey, PrefixMatch, ReplicaId};
+use kvgate_router::{
+    AdmissionMode, Decision, EngineReport, Health, LedgerChange, Outcome, PeerId, PolicyKind,
+    Reason, RejectReason, ReplicaInfo, RouteRequest, Router, RouterConfig, RouterError,
+    RouterMetrics,
+};
+
+fn router_with(cfg: RouterConfig, n: u32) -> Router {
+    let cfg = RouterConfig { seed: cfg.seed.or(Some(11)), ..cfg };
+    let mut r = Router::new(cfg, Arc::new(RouterMetrics::default())).unwrap();
+    for i in 0..n {
+        let mut info = ReplicaInfo::new(format!("http://r{i}"), 16);
+        info.capacity_blocks = [10_000, 0, 0];
+        r.add_replica(ReplicaId(i), info).unwrap();
+    }
+    r
+}
+
+fn router(policy: PolicyKind, n: u32) -> Router {
+    router_with(RouterConfig { policy, ..RouterConfig::default() }, n)
+}
+
+fn keys(n: u64, salt: u64) -> Vec<BlockKey> {
+    (0..n).map(|i| BlockKey(salt << 32 | i)).collect()
+}
+
+fn gpu(blocks: u32) -> PrefixMatch {
+    PrefixMatch { total: blocks, gpu: blocks, gpu_prefix: blocks, ..PrefixMatch::default() }
+}
+
+fn req(keys: &[BlockKey]) -> RouteRequest<'_> {
+    RouteRequest { prompt_tokens: keys.len() as u64 * 16 + 5, keys, ..RouteRequest::default() }
+}
+
+fn report(running: u32, waiting: u32, kv: f64, at: Instant) -> EngineReport {
+    EngineReport {
+        running,
+        waiting,
+        kv_usage: kv,
+        prefix_cache_queries: 0,
+        prefix_cache_hits: 0,
+        at,
+    }
+}
+
+#[test]
+fn follows_the_cache_when_load_is_equal() {
+    let mut r = router(PolicyKind::KvAware, 4);
+    let k = keys(256, 1);
+    let now = Instant::now();
+    let matches = [gpu(0), gpu(200), gpu(10), gpu(0)];
+    let routed = r.decide_with_matches(&req(&k), &matches, now).routed().unwrap();
+    assert_eq!(routed.replica, ReplicaId(1));
+    assert_eq!(routed.cached_blocks, 200);
+    let e = routed.explanation.as_ref().unwrap();
+    assert_eq!(e.reason, Reason::LowestCost);
+    assert_eq!(e.candidates.len(), 4);
+    let chosen = e.chosen_candidate().unwrap();
+    assert_eq!(chosen.overlap_blocks, [200, 0, 0]);
+    assert!(e.candidates.iter().all(|c| c.predicted_ttft_s >= chosen.predicted_ttft_s));
+    // The booking holds the uncached tokens only.
+    let load = r.load(ReplicaId(1)).unwrap().load;
+    assert_eq!(load.pending_prefill_tokens, 56 * 16 + 5);
+}
+
+#[test]
+fn lower_tiers_cost_a_transfer_not_a_recompute() {
+    let mut r = router(PolicyKind::KvAware, 3);
+    let k = keys(256, 2);
+    let now = Instant::now();
+    let cpu = PrefixMatch { total: 200, gpu: 0, cpu: 200, storage: 0, gpu_prefix: 0 };
+    let e = r.decide_with_matches(&req(&k), &[gpu(0), cpu, gpu(200)], now);
+    let e = e.routed().unwrap().explanation.unwrap();
+    let [cold, warm_cpu, warm_gpu] = [0, 1, 2].map(|i| e.candidates[i].predicted_ttft_s);
+    assert!(warm_gpu < warm_cpu && warm_cpu < cold, "{cold} {warm_cpu} {warm_gpu}");
+}
+
+#[test]
+fn degraded_views_count_no_overlap_and_down_replicas_are_skipped() {
+    let mut r = router(PolicyKind::KvAware, 2);
+    let k = keys(128, 3);
+    let now = Instant::now();
+    r.set_health(ReplicaId(0), Health::Degraded).unwrap();
+    let d = r.decide_with_matches(&req(&k), &[gpu(128), gpu(0)], now).routed().unwrap();
+    let c0 = d.explanation.as_ref().unwrap().candidates[0];
+    assert_eq!(c0.overlap_blocks, [0, 0, 0], "a rebuilding view is not evidence");
+    r.set_health(ReplicaId(1), Health::Down).unwrap();
+    r.set_health(ReplicaId(0), Health::Down).unwrap();
+    match r.decide_with_matches(&req(&k), &[], now) {
+        Decision::Reject { reason: RejectReason::NoReplica, .. } => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(r.set_health(ReplicaId(9), Health::Down), Err(RouterError::UnknownReplica(_))));
+}
+
+#[test]
+fn all_busy_waits_boundedly_then_rejects() {
+    let cfg = RouterConfig {
+        busy_pending_tokens: 1000,
+        max_queue_wait_ms: 500,
+        ..RouterConfig::default()
+    };
+    let mut r = router_with(cfg, 2);
+    let k = keys(100, 4);
+    let t0 = Instant::now();
+    // Two requests of 1605 tokens make both replicas busy.
+    let _a = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+    let _b = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+    assert_ne!(_a.replica, _b.replica, "the second goes to the idle one");
+    let mut q = req(&k);
+    match r.decide_with_matches(&q, &[], t0) {
+        Decision::Wait { retry_after } => assert_eq!(retry_after, Duration::from_millis(50)),
+        other => panic!("{other:?}"),
+    }
+    q.queued_since = Some(t0);
+    assert!(matches!(
+        r.decide_with_matches(&q, &[], t0 + Duration::from_millis(400)),
+        Decision::Wait { .. }
+    ));
+    assert!(matches!(
+        r.decide_with_matches(&q, &[], t0 + Duration::from_millis(600)),
+        Decision::Reject { reason: RejectReason::AllBusy, .. }
+    ));
+    // Finishing one frees a replica; the queued request is routed.
+    _a.booking.finish(Outcome::Finished);
+    let d = r.decide_with_matches(&q, &[], t0 + Duration::from_millis(700));
+    assert!(matches!(d, Decision::Routed(_)));
+    let m = r.metrics();
+    assert_eq!(m.waits.load(std::sync::atomic::Ordering::Relaxed), 2);
+    assert_eq!(m.rejected.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    let cfg = RouterConfig {
+        busy_kv_usage: 0.9,
+        admission: AdmissionMode::Reject,
+        ..RouterConfig::default()
+    };
+    let mut r = router_with(cfg, 1);
+    r.report(ReplicaId(0), report(10, 0, 0.95, t0)).unwrap();
+    assert!(matches!(
+        r.decide_with_matches(&req(&k), &[], t0),
+        Decision::Reject { reason: RejectReason::AllBusy, .. }
+    ));
+    // A stale report no longer counts.
+    let later = t0 + Duration::from_secs(60);
+    assert!(matches!(r.decide_with_matches(&req(&k), &[], later), Decision::Routed(_)));
+}
+
+#[test]
+fn a_burst_follows_its_own_tentative_blocks_until_the_queue_outweighs_them() {
+    let mut r = router(PolicyKind::KvAware, 4);
+    let k = keys(256, 5); // 4096-token shared prompt
+    let now = Instant::now();
+    let first = r.decide_with_matches(&req(&k), &[], now).routed().unwrap();
+    // No events yet: the second sees the first's blocks as tentative hits.
+    let second = r.decide_with_matches(&req(&k), &[], now).routed().unwrap();
+    let e = second.explanation.as_ref().unwrap();
+    let c = e.candidates.iter().find(|c| c.replica == first.replica).unwrap();
+    assert_eq!(c.tentative_blocks, 256);
+    assert!(r.tentative_stats().added >= 256);
+    // Requests with the shared prefix and distinct 128-token suffixes: the
+    // warm replica wins while its queue is short; once its queue outweighs
+    // a cold prefill of the prefix, the cold replicas win, which warms them.
+    let mut counts = [0u32; 4];
+    counts[first.replica.index()] += 2;
+    let mut held = vec![first, second];
+    for i in 0..40u64 {
+        let mut ki = k.clone();
+        ki.extend(keys(8, 1000 + i));
+        let d = r.decide_with_matches(&req(&ki), &[], now).routed().unwrap();
+        let e = d.explanation.clone().unwrap();
+        let chosen = e.chosen_candidate().unwrap();
+        // Whatever it chose was predicted (near-)fastest.
+        let best = e.candidates.iter().map(|c| c.score).fold(f64::INFINITY, f64::min);
+        assert!(chosen.score <= best * 1.05 + 1e-12);
+        counts[d.replica.index()] += 1;
+        held.push(d);
+    }
+    assert!(counts.iter().all(|&c| c > 0), "{counts:?}");
+    assert!(*counts.iter().max().unwrap() <= 21, "{counts:?}");
+    // The TTL expires them, unconfirmed (no index to confirm).
+    r.maintain(now + Duration::from_secs(31), None);
+    let s = r.tentative_stats();
+    assert_eq!(s.live, 0);
+    assert_eq!(s.expired_unconfirmed, s.added);
+}
+
+#[test]
+fn bookings_expire_and_drops_are_counted() {
+    let cfg = RouterConfig { booking_timeout_ms: 10_000, ..RouterConfig::default() };
+    let mut r = router_with(cfg, 2);
+    let k = keys(10, 6);
+    let t0 = Instant::now();
+    let a = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+    let b = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+    drop(b);
+    assert_eq!(r.ledger_totals().dropped, 1);
+    r.maintain(t0 + Duration::from_secs(11), None);
+    let t = r.ledger_totals();
+    assert_eq!((t.expired, r.in_flight()), (1, 0));
+    // The late finish is counted, not double-released.
+    a.booking.finish(Outcome::Finished);
+    let t = r.ledger_totals();
+    assert_eq!((t.finished, t.late_updates), (0, 1));
+}
+
+#[test]
+fn first_token_measures_ttft_and_feeds_calibration() {
+    let mut r = router(PolicyKind::KvAware, 1);
+    let t0 = Instant::now();
+    let before = r.load(ReplicaId(0)).unwrap().prefill_s_per_token;
+    for i in 0..10 {
+        let t = t0 + Duration::from_secs(i * 10);
+        // Distinct prompts: no tentative hits.
+        let k = keys(512, 100 + i);
+        let mut d = r.decide_with_matches(&req(&k), &[], t).routed().unwrap();
+        // Twice as slow as the prior (16k tokens/s): about 1 s of prefill.
+        let ttft = d.booking.first_token(t + Duration::from_millis(1020)).unwrap();
+        assert_eq!(ttft, Duration::from_millis(1020));
+        assert_eq!(d.booking.first_token(t + Duration::from_secs(2)), None);
+        d.booking.finish(Outcome::Finished);
+    }
+    let after = r.load(ReplicaId(0)).unwrap();
+    assert!(after.calibration_samples == 10);
+    let ratio = after.prefill_s_per_token / before;
+    assert!((1.8..2.2).contains(&ratio), "{ratio}");
+}
+
+#[test]
+fn reconciliation_releases_lost_bookings_and_counts_foreign_load() {
+    let mut r = router(PolicyKind::KvAware, 2);
+    let k = keys(10, 8);
+    let t0 = Instant::now();
+    let held: Vec<_> = (0..10)
+        .map(|_| r.decide_with_matches(&req(&k), &[gpu(10), gpu(0)], t0).routed().unwrap())
+        .collect();
+    let on0 = held.iter().filter(|d| d.replica == ReplicaId(0)).count() as u32;
+    assert!(on0 >= 5);
+    // The engine says it runs nothing: after 5 reports, the books follow.
+    for i in 0..5 {
+        r.report(ReplicaId(0), report(0, 0, 0.0, t0 + Duration::from_secs(i))).unwrap();
+    }
+    let v = r.load(ReplicaId(0)).unwrap();
+    assert_eq!(v.load.requests(), 2, "tolerance of 2 in-transit requests");
+    assert_eq!(r.ledger_totals().reconciled, u64::from(on0 - 2));
+    // Someone else's 30 waiting requests show up as load.
+    for i in 0..5 {
+        r.report(ReplicaId(1), report(0, 30, 0.0, t0 + Duration::from_secs(i))).unwrap();
+    }
+    let v = r.load(ReplicaId(1)).unwrap();
+    assert!(v.external_waiting > 20, "{v:?}");
+    let d = r.decide_with_matches(&req(&k), &[], t0 + Duration::from_secs(5)).routed().unwrap();
+    let c1 = d.explanation.as_ref().unwrap().candidates[1];
+    assert!(c1.pending_prefill_tokens > 0);
+    drop(held);
+}
+
+#[test]
+fn peer_bookings_count_as_load_and_age_out() {
+    let mut r = router(PolicyKind::LeastLoad, 2);
+    let t0 = Instant::now();
+    let book = LedgerChange::Book { id: 1, replica: ReplicaId(0), prefill_tokens: 5000, blocks: 9 };
+    assert!(r.apply_peer(PeerId(3), &book, t0));
+    assert!(!r.apply_peer(PeerId(3), &book, t0), "a repeat refreshes, never double-books");
+    let k = keys(4, 9);
+    let d = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+    assert_eq!(d.replica, ReplicaId(1), "the peer's load steers us away");
+    assert!(r.apply_peer(PeerId(3), &LedgerChange::FirstToken { id: 1 }, t0));
+    assert_eq!(r.load(ReplicaId(0)).unwrap().load.decoding_requests, 1);
+    r.maintain(t0 + Duration::from_secs(61), None);
+    assert_eq!(r.ledger_totals().peer_gone, 1);
+    assert!(r.apply_peer(PeerId(4), &book, t0));
+    assert_eq!(r.forget_peer(PeerId(4)), 1);
+    assert!(!r.apply_peer(PeerId(4), &LedgerChange::Finish { id: 1 }, t0));
+    // Unknown replicas are refused.
+    let bad = LedgerChange::Book { id: 2, replica: ReplicaId(77), prefill_tokens: 1, blocks: 1 };
+    assert!(!r.apply_peer(PeerId(4), &bad, t0));
+    // Local changes are offered to peers when sharing is on.
+    r.share_with_peers(true);
+    let d2 = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+    d2.booking.finish(Outcome::Finished);
+    let mut out = Vec::new();
+    assert_eq!(r.drain_ledger_changes(&mut out), 0);
+    assert!(matches!(out[0], LedgerChange::Book { .. }));
+    assert!(matches!(out[1], LedgerChange::Finish { .. }));
+    drop(d);
+}
+
+#[test]
+fn removing_a_replica_releases_its_bookings() {
+    let mut r = router(PolicyKind::RoundRobin, 2);
+    let k = keys(4, 10);
+    let t0 = Instant::now();
+    let a = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+    let b = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+    assert_ne!(a.replica, b.replica);
+    r.remove_replica(a.replica).unwrap();
+    assert_eq!(r.ledger_totals().replica_removed, 1);
+    assert_eq!(r.in_flight(), 1);
+    for _ in 0..5 {
+        let d = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+        assert_eq!(d.replica, b.replica);
+    }
+    assert!(matches!(r.remove_replica(a.replica), Err(RouterError::UnknownReplica(_))));
+    drop((a, b));
+}
+
+#[test]
+fn baselines_behave_like_their_namesakes() {
+    let t0 = Instant::now();
+    let k = keys(64, 11);
+    // round_robin cycles.
+    let mut r = router(PolicyKind::RoundRobin, 3);
+    let seq: Vec<_> =
+        (0..6).map(|_| r.decide_with_matches(&req(&k), &[], t0).routed().unwrap().replica.0).collect();
+    assert_eq!(seq, [0, 1, 2, 0, 1, 2]);
+    // session_affinity: same key, same replica; different keys spread.
+    let mut r = router(PolicyKind::SessionAffinity, 4);
+    let mut seen = std::collections::HashSet::new();
+    for s in 0..40 {
+        let key = format!("user-{s}");
+        let q = RouteRequest { session_key: Some(&key), ..req(&k) };
+        let a = r.decide_with_matches(&q, &[], t0).routed().unwrap().replica;
+        let b = r.decide_with_matches(&q, &[], t0).routed().unwrap().replica;
+        assert_eq!(a, b);
+        seen.insert(a);
+    }
+    assert_eq!(seen.len(), 4);
+    // linear_blocks: overlap wins when load is equal.
+    let mut r = router(PolicyKind::LinearBlocks, 3);
+    let d = r.decide_with_matches(&req(&k), &[gpu(0), gpu(0), gpu(60)], t0).routed().unwrap();
+    assert_eq!(d.replica, ReplicaId(2));
+    // least_load and power_of_two avoid the loaded replica.
+    for policy in [PolicyKind::LeastLoad, PolicyKind::PowerOfTwo] {
+        let mut r = router(policy, 2);
+        let book =
+            LedgerChange::Book { id: 1, replica: ReplicaId(0), prefill_tokens: 9000, blocks: 0 };
+        r.apply_peer(PeerId(0), &book, t0);
+        for _ in 0..5 {
+            let d = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+            assert_eq!(d.replica, ReplicaId(1), "{policy}");
+            d.booking.finish(Outcome::Finished);
+        }
+    }
+    // random uses everyone.
+    let mut r = router(PolicyKind::Random, 3);
+    let mut seen = [0; 3];
+    for _ in 0..60 {
+        seen[r.decide_with_matches(&req(&k), &[], t0).routed().unwrap().replica.index()] += 1;
+    }
+    assert!(seen.iter().all(|&c| c > 5), "{seen:?}");
+}
+
+#[test]
+fn approx_prefix_follows_text_it_sent_and_rebalances() {
+    let mut r = router(PolicyKind::ApproxPrefix, 3);
+    let t0 = Instant::now();
+    let k = keys(8, 12);
+    let text = |s: &str| s.chars().map(|c| c as u32).collect::<Vec<u32>>();
+    let a = text("You are a helpful assistant. Question one?");
+    let b = text("You are a helpful assistant. Question two!");
+    let c = text("Completely different prompt text here......");
+    let qa = RouteRequest { approx_symbols: Some(&a), ..req(&k) };
+    let first = r.decide_with_matches(&qa, &[], t0).routed().unwrap();
+    let qb = RouteRequest { approx_symbols: Some(&b), ..req(&k) };
+    let second = r.decide_with_matches(&qb, &[], t0).routed().unwrap();
+    assert_eq!(second.replica, first.replica);
+    assert!(matches!(
+        second.explanation.as_ref().unwrap().reason,
+        Reason::ApproxMatch { matched } if matched > 0.5
+    ));
+    // Below the threshold: the replica with the least remembered text.
+    let qc = RouteRequest { approx_symbols: Some(&c), ..req(&k) };
+    let third = r.decide_with_matches(&qc, &[], t0).routed().unwrap();
+    assert_ne!(third.replica, first.replica);
+    assert_eq!(third.explanation.as_ref().unwrap().reason, Reason::ApproxSmallestTree);
+    // Imbalance beyond both thresholds: fewest requests, whatever matches.
+    let mut held = Vec::new();
+    for i in 0..70u64 {
+        let book = LedgerChange::Book {
+            id: i,
+            replica: first.replica,
+            prefill_tokens: 1,
+            blocks: 0,
+        };
+        r.apply_peer(PeerId(1), &book, t0);
+    }
+    let d = r.decide_with_matches(&qa, &[], t0).routed().unwrap();
+    assert_ne!(d.replica, first.replica);
+    assert_eq!(d.explanation.as_ref().unwrap().reason, Reason::ApproxImbalance);
+    held.push(d);
+    assert!(r.approx_memory().0 > 0);
+}
+
+#[test]
+fn the_decision_log_keeps_the_last_n() {
+    let cfg = RouterConfig { explain_last: 3, ..RouterConfig::default() };
+    let mut r = router_with(cfg, 2);
+    let k = keys(4, 13);
+    let t0 = Instant::now();
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        held.push(r.decide_with_matches(&req(&k), &[], t0).routed().unwrap());
+    }
+    let ids: Vec<_> = r.recent_decisions().map(|e| e.booking.unwrap()).collect();
+    assert_eq!(ids, [held[2].booking.id(), held[3].booking.id(), held[4].booking.id()]);
+    let cfg = RouterConfig { explain_last: 0, ..RouterConfig::default() };
+    let mut r = router_with(cfg, 2);
+    assert!(r.decide_with_matches(&req(&k), &[], t0).routed().unwrap().explanation.is_none());
+    assert_eq!(r.recent_decisions().count(), 0);
+}
+
+#[test]
+fn bad_configs_and_replicas_are_refused() {
+    let cfg = RouterConfig { temperature: 0.0, ..RouterConfig::default() };
+    assert!(Router::new(cfg, Arc::new(RouterMetrics::default())).is_err());
+    let mut r = router(PolicyKind::KvAware, 1);
+    assert!(matches!(
+        r.add_replica(ReplicaId(0), ReplicaInfo::new("again", 16)),
+        Err(RouterError::DuplicateReplica(_))
+    ));
+    assert!(matches!(
+        r.add_replica(ReplicaId(1), ReplicaInfo::new("zero", 0)),
+        Err(RouterError::InvalidReplica { .. })
+    ));
+}
