@@ -117,7 +117,8 @@ pub struct CostModelConfig {
     pub cpu_block_ms: f64,
     /// Prior cost of loading one block from storage to GPU, ms.
     pub storage_block_ms: f64,
-    /// Fixed cost of the request's own first step (scheduling, sampling), ms.
+    /// Prior fixed cost of the request's own first step (scheduling,
+    /// sampling), ms; calibrated per replica.
     pub step_overhead_ms: f64,
     /// Extra time per engine step while any sequence decodes, ms.
     pub decode_step_ms: f64,
@@ -164,8 +165,8 @@ pub struct CalibrationConfig {
     /// Samples needed before the median replaces the prior entirely; fewer
     /// are blended with the prior so that cold starts cannot swing it.
     pub min_samples: usize,
-    /// Requests whose queue plus uncached tokens are below this are not
-    /// sampled: fixed overheads dominate them.
+    /// Least difference in work (tokens) between two samples for their slope
+    /// to count; also the smallest sample used to fit the rate alone.
     pub min_sample_tokens: u64,
     /// A sample's implied rate is clamped to prior ÷ this … prior × this.
     pub max_ratio_to_prior: f64,

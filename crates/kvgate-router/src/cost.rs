@@ -9,7 +9,7 @@
 //! transfer = τ_cpu × cpu blocks + τ_storage × storage blocks
 //! steps    = max(1, (P + U) / max_num_batched_tokens)
 //! interf.  = steps × (decode_step + decode_per_seq × D)   if D > 0, else 0
-//! ttft     = queue + prefill + transfer + interf. + step_overhead
+//! ttft     = queue + prefill + transfer + interf. + overhead      (calibrated)
 //! pressure = kv_pressure × ((u - start) / (1 - start))²    u: KV occupancy after booking
 //! cost     = ttft + pressure + work_weight × σ × U
 //! ```
@@ -47,6 +47,8 @@ pub struct CostInputs {
     pub max_num_batched_tokens: u32,
     /// Calibrated seconds per prefill token.
     pub prefill_s_per_token: f64,
+    /// Calibrated fixed seconds of the request's first step.
+    pub overhead_s: f64,
     /// Calibrated seconds per block from CPU and from storage.
     pub transfer_s_per_block: [f64; 2],
 }
@@ -90,7 +92,7 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
     } else {
         0.0
     };
-    let overhead_s = c.step_overhead_ms / 1000.0;
+    let overhead_s = x.overhead_s;
     let ttft_s = queue_s + prefill_s + transfer_s + interference_s + overhead_s;
     let pressure_s = if x.kv_capacity_blocks > 0 {
         let u = (x.kv_used_blocks + x.kv_new_blocks) as f64 / x.kv_capacity_blocks as f64;
@@ -128,6 +130,7 @@ mod tests {
             kv_capacity_blocks: 10_000,
             max_num_batched_tokens: 8192,
             prefill_s_per_token: 1.0 / 16_000.0,
+            overhead_s: 0.020,
             transfer_s_per_block: [0.05e-3, 0.5e-3],
             kv_new_blocks: 29,
             ..CostInputs::default()

@@ -129,7 +129,8 @@ impl Router {
         let outcome = if routable == 0 {
             Err((Reason::NoReplica, RejectReason::NoReplica))
         } else if eligible.is_empty() {
-            let waited = req.queued_since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+            let waited =
+                req.queued_since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
             let may_wait = self.config.admission == AdmissionMode::Queue
                 && waited < Duration::from_millis(self.config.max_queue_wait_ms);
             if may_wait {
@@ -166,7 +167,8 @@ impl Router {
                 if req.queued_since.is_some() {
                     RouterMetrics::inc(&self.metrics.routed_after_wait);
                 }
-                let explanation = self.log_decision(req, &cands, Some((c.replica, id)), reason, now);
+                let explanation =
+                    self.log_decision(req, &cands, Some((c.replica, id)), reason, now);
                 Decision::Routed(Routed {
                     replica: c.replica,
                     booking,
@@ -213,8 +215,7 @@ impl Router {
         let cfg = &self.config;
         let books = lock(&self.books);
         let avg_tokens = books.avg_prefill_tokens();
-        let out_tokens =
-            u64::from(req.max_output_tokens.unwrap_or(cfg.cost.default_output_tokens));
+        let out_tokens = u64::from(req.max_output_tokens.unwrap_or(cfg.cost.default_output_tokens));
         for &id in &self.order {
             let Some(r) = self.replicas.get(id.index()).and_then(Option::as_ref) else { continue };
             let Some(view) = books.view(id) else { continue };
@@ -251,6 +252,7 @@ impl Router {
                 kv_capacity_blocks: cap,
                 max_num_batched_tokens: r.info.max_num_batched_tokens,
                 prefill_s_per_token: view.prefill_s_per_token,
+                overhead_s: view.overhead_s,
                 transfer_s_per_block: view.transfer_s_per_block,
             };
             let pred = predict(&cfg.cost, &x);
@@ -273,7 +275,7 @@ impl Router {
             let basis = SampleBasis {
                 prefill_tokens: queue_tokens + pred.uncached_tokens,
                 lower_blocks: [m.cpu, m.storage],
-                other_s: pred.overhead_s + pred.interference_s,
+                other_s: pred.interference_s,
             };
             preds.push((pred, basis, new_blocks));
         }

@@ -207,6 +207,8 @@ pub struct LoadView {
     pub drift: i64,
     /// Calibrated seconds per prefill token.
     pub prefill_s_per_token: f64,
+    /// Calibrated fixed seconds of a request's first step.
+    pub overhead_s: f64,
     /// Calibrated seconds per block loaded from CPU, and from storage.
     pub transfer_s_per_block: [f64; 2],
     /// Calibration samples taken.
@@ -268,6 +270,7 @@ impl Books {
         let c = &self.config.cost;
         let cal = ReplicaCalibration::new(
             1.0 / c.prefill_tokens_per_s,
+            c.step_overhead_ms / 1000.0,
             c.cpu_block_ms / 1000.0,
             c.storage_block_ms / 1000.0,
         );
@@ -312,7 +315,8 @@ impl Books {
             external_requests: r.reconcile.external_requests,
             external_waiting: r.reconcile.external_waiting,
             drift: r.reconcile.drift,
-            prefill_s_per_token: r.calibration.prefill.estimate(),
+            prefill_s_per_token: r.calibration.prefill.slope(),
+            overhead_s: r.calibration.prefill.intercept(),
             transfer_s_per_block: [r.calibration.cpu.estimate(), r.calibration.storage.estimate()],
             calibration_samples: r.calibration.prefill.samples(),
         })
@@ -533,8 +537,7 @@ impl Books {
         if rc.under_streak >= need {
             let ext = (-drift) as u32;
             rc.external_requests = ext;
-            rc.external_waiting =
-                report.waiting.saturating_sub(r.load.prefill_requests).min(ext);
+            rc.external_waiting = report.waiting.saturating_sub(r.load.prefill_requests).min(ext);
         } else if rc.under_streak == 0 {
             rc.external_requests = 0;
             rc.external_waiting = 0;

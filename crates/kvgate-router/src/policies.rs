@@ -38,7 +38,9 @@ impl Router {
             }
             PolicyKind::LinearBlocks => self.linear_blocks(req, cands, eligible),
             PolicyKind::ApproxPrefix => self.approx_prefix(req, cands, eligible),
-            PolicyKind::LeastLoad => self.least_load(cands, eligible).map(|i| (i, Reason::LeastLoad)),
+            PolicyKind::LeastLoad => {
+                self.least_load(cands, eligible).map(|i| (i, Reason::LeastLoad))
+            }
             PolicyKind::PowerOfTwo => {
                 let a = self.rng.random_range(0..eligible.len());
                 let mut b = self.rng.random_range(0..eligible.len() - 1);
@@ -139,9 +141,7 @@ impl Router {
         let symbols = self.approx_symbols(req);
         let mut per_tenant = std::mem::take(&mut self.scratch_approx);
         self.approx.match_per_tenant(&symbols, &mut per_tenant);
-        let matched = |i: usize| {
-            per_tenant.get(cands[i].replica.index()).copied().unwrap_or(0)
-        };
+        let matched = |i: usize| per_tenant.get(cands[i].replica.index()).copied().unwrap_or(0);
         let best = eligible.iter().map(|&i| matched(i)).max().unwrap_or(0);
         let rate = if symbols.is_empty() { 0.0 } else { f64::from(best) / symbols.len() as f64 };
         let r = if best > 0 && rate >= self.config.approx.cache_threshold {

@@ -145,7 +145,10 @@ impl Router {
     }
 
     fn replica_mut(&mut self, id: ReplicaId) -> Result<&mut RouterReplica, RouterError> {
-        self.replicas.get_mut(id.index()).and_then(Option::as_mut).ok_or(RouterError::UnknownReplica(id))
+        self.replicas
+            .get_mut(id.index())
+            .and_then(Option::as_mut)
+            .ok_or(RouterError::UnknownReplica(id))
     }
 
     /// Static facts and health of a replica.

@@ -30,7 +30,8 @@ pub(crate) fn pick_cost(
             let n = costs.iter().filter(|c| c.1 <= band).count();
             let k = rng.random_range(0..n.max(1));
             let chosen = costs.iter().filter(|c| c.1 <= band).nth(k)?.0;
-            let reason = if n == 1 { Reason::LowestCost } else { Reason::NearTie { among: n as u32 } };
+            let reason =
+                if n == 1 { Reason::LowestCost } else { Reason::NearTie { among: n as u32 } };
             Some((chosen, reason))
         }
         Selection::Softmax => {

@@ -14,11 +14,23 @@ use proptest::prelude::*;
 
 fn inputs() -> impl Strategy<Value = CostInputs> {
     (
-        (1u64..100_000, prop_oneof![Just(16u32), Just(32), Just(1)], 0u32..4000, 0u32..100, 0u32..100),
-        (0u64..1_000_000, 0u32..512, 0u64..20_000, 0u64..5000, prop_oneof![Just(0u64), 1000u64..20_000]),
-        (1u32..65_536, 1e-6f64..1e-2, 0f64..1e-2, 0f64..1e-1),
+        (
+            1u64..100_000,
+            prop_oneof![Just(16u32), Just(32), Just(1)],
+            0u32..4000,
+            0u32..100,
+            0u32..100,
+        ),
+        (
+            0u64..1_000_000,
+            0u32..512,
+            0u64..20_000,
+            0u64..5000,
+            prop_oneof![Just(0u64), 1000u64..20_000],
+        ),
+        (1u32..65_536, 1e-6f64..1e-2, 0f64..1e-2, 0f64..1e-1, 0f64..0.1),
     )
-        .prop_map(|((p, bs, cached, cpu, sto), (q, d, used, new, cap), (b, s, tc, ts))| {
+        .prop_map(|((p, bs, cached, cpu, sto), (q, d, used, new, cap), (b, s, tc, ts, o))| {
             CostInputs {
                 prompt_tokens: p,
                 block_size: bs,
@@ -31,6 +43,7 @@ fn inputs() -> impl Strategy<Value = CostInputs> {
                 kv_capacity_blocks: cap,
                 max_num_batched_tokens: b,
                 prefill_s_per_token: s,
+                overhead_s: o,
                 transfer_s_per_block: [tc, ts],
             }
         })
@@ -262,20 +275,27 @@ fn no_overlap_choice_is_never_dominated() {
             for i in 0..REPLICAS as usize {
                 id += 1;
                 let c = LedgerChange::Book {
-                    id, replica: ReplicaId(i as u32), prefill_tokens: pending[i], blocks: 0,
+                    id,
+                    replica: ReplicaId(i as u32),
+                    prefill_tokens: pending[i],
+                    blocks: 0,
                 };
                 r.apply_peer(PeerId(0), &c, now);
                 for _ in 0..decoding[i] {
                     id += 1;
                     let c = LedgerChange::Book {
-                        id, replica: ReplicaId(i as u32), prefill_tokens: 0, blocks: 0,
+                        id,
+                        replica: ReplicaId(i as u32),
+                        prefill_tokens: 0,
+                        blocks: 0,
                     };
                     r.apply_peer(PeerId(0), &c, now);
                     r.apply_peer(PeerId(0), &LedgerChange::FirstToken { id }, now);
                 }
             }
             let keys: Vec<BlockKey> = (0..tokens / 16).map(|k| BlockKey(k + 1)).collect();
-            let req = RouteRequest { prompt_tokens: tokens, keys: &keys, ..RouteRequest::default() };
+            let req =
+                RouteRequest { prompt_tokens: tokens, keys: &keys, ..RouteRequest::default() };
             let c = r.decide_with_matches(&req, &[], now).routed().unwrap().replica.index();
             for j in 0..REPLICAS as usize {
                 let dominates = pending[j] <= pending[c]

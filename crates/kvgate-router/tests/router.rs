@@ -97,7 +97,10 @@ fn degraded_views_count_no_overlap_and_down_replicas_are_skipped() {
         Decision::Reject { reason: RejectReason::NoReplica, .. } => {}
         other => panic!("{other:?}"),
     }
-    assert!(matches!(r.set_health(ReplicaId(9), Health::Down), Err(RouterError::UnknownReplica(_))));
+    assert!(matches!(
+        r.set_health(ReplicaId(9), Health::Down),
+        Err(RouterError::UnknownReplica(_))
+    ));
 }
 
 #[test]
@@ -317,8 +320,9 @@ fn baselines_behave_like_their_namesakes() {
     let k = keys(64, 11);
     // round_robin cycles.
     let mut r = router(PolicyKind::RoundRobin, 3);
-    let seq: Vec<_> =
-        (0..6).map(|_| r.decide_with_matches(&req(&k), &[], t0).routed().unwrap().replica.0).collect();
+    let seq: Vec<_> = (0..6)
+        .map(|_| r.decide_with_matches(&req(&k), &[], t0).routed().unwrap().replica.0)
+        .collect();
     assert_eq!(seq, [0, 1, 2, 0, 1, 2]);
     // session_affinity: same key, same replica; different keys spread.
     let mut r = router(PolicyKind::SessionAffinity, 4);
@@ -383,12 +387,8 @@ fn approx_prefix_follows_text_it_sent_and_rebalances() {
     // Imbalance beyond both thresholds: fewest requests, whatever matches.
     let mut held = Vec::new();
     for i in 0..70u64 {
-        let book = LedgerChange::Book {
-            id: i,
-            replica: first.replica,
-            prefill_tokens: 1,
-            blocks: 0,
-        };
+        let book =
+            LedgerChange::Book { id: i, replica: first.replica, prefill_tokens: 1, blocks: 0 };
         r.apply_peer(PeerId(1), &book, t0);
     }
     let d = r.decide_with_matches(&qa, &[], t0).routed().unwrap();
