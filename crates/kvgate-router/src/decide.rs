@@ -31,6 +31,8 @@ pub struct RouteRequest<'a> {
     pub approx_symbols: Option<&'a [u32]>,
     /// When the request first asked and was told to wait, if it was.
     pub queued_since: Option<Instant>,
+    /// Replicas not to use for this request (a retry after they failed it).
+    pub exclude: &'a [ReplicaId],
 }
 
 /// Why a request was not routed.
@@ -122,10 +124,10 @@ impl Router {
         cands.clear();
         self.gather(req, matches, now, &mut cands, &mut preds);
 
-        let routable = cands.iter().filter(|c| c.health != Health::Down).count();
-        let eligible: Vec<usize> = (0..cands.len())
-            .filter(|&i| cands[i].health != Health::Down && !cands[i].busy)
-            .collect();
+        let usable = |c: &Candidate| c.health != Health::Down && !req.exclude.contains(&c.replica);
+        let routable = cands.iter().filter(|c| usable(c)).count();
+        let eligible: Vec<usize> =
+            (0..cands.len()).filter(|&i| usable(&cands[i]) && !cands[i].busy).collect();
         let outcome = if routable == 0 {
             Err((Reason::NoReplica, RejectReason::NoReplica))
         } else if eligible.is_empty() {

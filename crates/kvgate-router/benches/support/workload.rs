@@ -169,5 +169,6 @@ pub(crate) fn request<'a>(w: &'a Workload, p: usize) -> RouteRequest<'a> {
         session_key: Some(&w.sessions[p]),
         approx_symbols: None,
         queued_since: None,
+        exclude: &[],
     }
 }
