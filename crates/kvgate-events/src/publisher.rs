@@ -75,6 +75,9 @@ pub struct PublisherConfig {
     /// How long one replay reply may wait on a slow client before it is
     /// abandoned.
     pub replay_send_timeout: Duration,
+    /// Bind the PUB socket even where vLLM's rule would connect, e.g. to
+    /// `tcp://127.0.0.1:0` (loopback only), for in-process fleets.
+    pub force_bind: bool,
 }
 
 impl PublisherConfig {
@@ -91,6 +94,7 @@ impl PublisherConfig {
             drop_seed: 0,
             hwm: DEFAULT_HWM,
             replay_send_timeout: Duration::from_secs(5),
+            force_bind: false,
         }
     }
 }
@@ -312,7 +316,7 @@ impl Publisher {
         let mut tasks = Vec::new();
 
         // PUB socket.
-        let bind = should_bind(&config.endpoint);
+        let bind = config.force_bind || should_bind(&config.endpoint);
         let target =
             if bind { bindable_endpoint(&config.endpoint) } else { config.endpoint.clone() };
         if let Err(e) = target.parse::<Endpoint>() {

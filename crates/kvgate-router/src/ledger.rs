@@ -401,7 +401,12 @@ impl Books {
     }
 
     /// Moves a booking to decoding; returns its TTFT when it was pending.
-    pub(crate) fn first_token(&mut self, key: (Origin, u64), now: Instant) -> Option<Duration> {
+    pub(crate) fn first_token(
+        &mut self,
+        key: (Origin, u64),
+        now: Instant,
+        measured: bool,
+    ) -> Option<Duration> {
         let Some(e) = self.entries.get_mut(&key) else {
             self.totals.late_updates += 1;
             return None;
@@ -420,7 +425,7 @@ impl Books {
             r.load.pending_prefill_tokens -= tokens;
             r.load.prefill_requests -= 1;
             r.load.decoding_requests += 1;
-            if let Some(basis) = basis {
+            if let Some(basis) = basis.filter(|_| measured) {
                 r.calibration.observe(&basis, ttft.as_secs_f64(), &cal_cfg);
             }
         }
@@ -588,7 +593,14 @@ impl Booking {
     /// The first token arrived: the prefill is done. Returns the TTFT
     /// measured from booking, the first time only.
     pub fn first_token(&mut self, now: Instant) -> Option<Duration> {
-        lock(&self.books).first_token((Origin::Local, self.id), now)
+        lock(&self.books).first_token((Origin::Local, self.id), now, true)
+    }
+
+    /// The prefill is presumed done but its first token was not observed
+    /// (a whole, non-streamed response): moves to decoding without feeding
+    /// calibration.
+    pub fn first_token_unmeasured(&mut self, now: Instant) {
+        lock(&self.books).first_token((Origin::Local, self.id), now, false);
     }
 
     /// The request ended.

@@ -255,7 +255,9 @@ impl Router {
             LedgerChange::Book { id, replica, prefill_tokens, blocks } => {
                 books.book_peer(peer, id, replica, prefill_tokens, blocks, now)
             }
-            LedgerChange::FirstToken { id } => books.first_token((origin, id), now).is_some(),
+            LedgerChange::FirstToken { id } => {
+                books.first_token((origin, id), now, false).is_some()
+            }
             LedgerChange::Finish { id } => books.release(
                 (origin, id),
                 crate::ledger::Release::Outcome(crate::ledger::Outcome::Finished),

@@ -28,6 +28,69 @@ pub(crate) enum Command {
     /// Run simulated vLLM engines (no GPU): vLLM's HTTP API, KV events,
     /// replay and metrics over the kvgate-sim engine model.
     Sim(Box<SimArgs>),
+    /// The ingress: an OpenAI-compatible endpoint that tokenizes once,
+    /// routes on live KV state and streams the answer back. With no replicas
+    /// configured it starts simulated ones on loopback. See docs/config.md.
+    Serve(Box<ServeArgs>),
+}
+
+/// `kvgate serve`. Every setting is a key of the config file
+/// (docs/config.md); these flags override the file, and each reads a
+/// `KVGATE_*` environment variable when not given.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// A TOML config file (see docs/config.md).
+    #[arg(long, env = "KVGATE_CONFIG")]
+    pub(crate) config: Option<std::path::PathBuf>,
+    /// Override any config key: `--set router.epsilon=0.1` (TOML values;
+    /// repeatable; applied after the file).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub(crate) set: Vec<String>,
+    /// Address of the OpenAI-compatible API (default 127.0.0.1:8000).
+    #[arg(long, env = "KVGATE_LISTEN")]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+    /// Address of the admin API (default 127.0.0.1:8001).
+    #[arg(long, env = "KVGATE_ADMIN_LISTEN")]
+    pub(crate) admin_listen: Option<std::net::SocketAddr>,
+    /// Serve `/metrics` on its own address instead of the API's.
+    #[arg(long, env = "KVGATE_METRICS_LISTEN")]
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+    /// A vLLM replica: `URL[,events=tcp://H:P][,replay=tcp://H:P][,topic=T][,api_key=K]`
+    /// `[,block_size=N][,passthrough=kv_transfer_params|token_prompt|none][,name=N]`.
+    /// Repeatable; replaces the file's replicas. None starts simulated replicas.
+    #[arg(long = "replica", value_name = "SPEC", env = "KVGATE_REPLICAS", value_delimiter = ' ')]
+    pub(crate) replicas: Vec<String>,
+    /// Routing policy: kv_aware, linear_blocks, approx_prefix, least_load,
+    /// power_of_two, round_robin, random, session_affinity.
+    #[arg(long, env = "KVGATE_POLICY")]
+    pub(crate) policy: Option<String>,
+    /// A Hugging Face model directory for the tokenizer and chat template
+    /// (default: the bundled Qwen3 tokenizer).
+    #[arg(long, env = "KVGATE_MODEL_DIR")]
+    pub(crate) model_dir: Option<std::path::PathBuf>,
+    /// The model name clients use.
+    #[arg(long, env = "KVGATE_SERVED_MODEL_NAME")]
+    pub(crate) served_model_name: Option<String>,
+    /// A client API key (repeatable; env: comma-separated).
+    #[arg(
+        long = "api-key",
+        env = "KVGATE_API_KEYS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub(crate) api_keys: Vec<String>,
+    /// The admin API key.
+    #[arg(long, env = "KVGATE_ADMIN_KEY", hide_env_values = true)]
+    pub(crate) admin_key: Option<String>,
+    /// Serve a non-loopback address without client keys (logged as a warning).
+    #[arg(long, env = "KVGATE_ALLOW_UNAUTHENTICATED")]
+    pub(crate) allow_unauthenticated: bool,
+    /// Simulated replicas to start when none are configured (default 4).
+    #[arg(long, env = "KVGATE_SIM_REPLICAS")]
+    pub(crate) sim_replicas: Option<usize>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub(crate) print_config: bool,
 }
 
 /// `kvgate sim`. See docs/sim.md.

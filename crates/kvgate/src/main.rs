@@ -1,10 +1,11 @@
 //! `kvgate`: the one binary. A thin shell over the library crates: it parses
 //! flags, sets up logging and a runtime, and hands off to one subcommand.
-//! Later subcommands (`serve`, `sim`, `replay`) arrive with their issues.
+//! `replay` arrives with its issue.
 
 mod cli;
 mod config_file;
 mod events_tail;
+mod serve_cmd;
 mod sim_cmd;
 mod tokenize_cmd;
 
@@ -33,6 +34,15 @@ fn run() -> anyhow::Result<()> {
         cli::Command::Sim(args) => {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(sim_cmd::run(*args))
+        }
+        cli::Command::Serve(args) => {
+            let config = serve_cmd::config(&args)?;
+            if args.print_config {
+                print!("{}", toml::to_string(&config)?);
+                return Ok(());
+            }
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            runtime.block_on(serve_cmd::run(config))
         }
     }
 }

@@ -1,0 +1,132 @@
+//! The admin API, behind the admin key: replica state and the last
+//! decisions, and adding, draining and removing replicas at runtime.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kvgate_openai::ErrorResponse;
+use kvgate_router::{Explanation, Reason};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::config::ReplicaConfig;
+use crate::forward::error_response;
+use crate::registry;
+use crate::state::{lock, Shared};
+
+type S = State<Arc<Shared>>;
+
+/// `GET /admin/replicas`: the fleet snapshot.
+pub(crate) async fn replicas(State(s): S) -> Response {
+    Json(s.snapshot(Instant::now())).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct DecisionsQuery {
+    limit: Option<usize>,
+}
+
+fn reason_json(r: &Reason) -> Value {
+    match r {
+        Reason::NearTie { among } => json!({"kind": r.label(), "among": among}),
+        Reason::ApproxMatch { matched } => json!({"kind": r.label(), "matched": matched}),
+        _ => json!({"kind": r.label()}),
+    }
+}
+
+/// One explanation as JSON, replica ids turned into names.
+pub(crate) fn explanation_json(s: &Shared, e: &Explanation, now: Instant) -> Value {
+    let name = |id| s.replica(id).map_or_else(|| format!("#{}", id.0), |r| r.name.clone());
+    let candidates: Vec<Value> = e
+        .candidates
+        .iter()
+        .map(|c| {
+            json!({
+                "replica": name(c.replica),
+                "health": c.health.name(),
+                "busy": c.busy,
+                "overlap_blocks": {"gpu": c.overlap_blocks[0], "cpu": c.overlap_blocks[1], "storage": c.overlap_blocks[2]},
+                "tentative_blocks": c.tentative_blocks,
+                "pending_prefill_tokens": c.pending_prefill_tokens,
+                "decoding": c.decoding,
+                "requests": c.requests,
+                "predicted_ttft_s": c.predicted_ttft_s,
+                "score": c.score,
+            })
+        })
+        .collect();
+    json!({
+        "age_s": now.saturating_duration_since(e.at).as_secs_f64(),
+        "booking": e.booking,
+        "policy": e.policy.name(),
+        "prompt_tokens": e.prompt_tokens,
+        "prompt_blocks": e.prompt_blocks,
+        "chosen": e.chosen.map(name),
+        "reason": reason_json(&e.reason),
+        "candidates": candidates,
+    })
+}
+
+/// `GET /admin/decisions?limit=N`: the last decisions, newest first.
+pub(crate) async fn decisions(State(s): S, Query(q): Query<DecisionsQuery>) -> Response {
+    let limit = q.limit.unwrap_or(50).min(10_000);
+    let now = Instant::now();
+    let recent: Vec<_> = {
+        let router = lock(&s.router);
+        router.recent_decisions().rev().take(limit).cloned().collect()
+    };
+    let out: Vec<Value> = recent.iter().map(|e| explanation_json(&s, e, now)).collect();
+    Json(json!({"decisions": out})).into_response()
+}
+
+/// `POST /admin/replicas` with a replica's config as JSON.
+pub(crate) async fn add_replica(State(s): S, body: Bytes) -> Response {
+    let cfg: ReplicaConfig = match serde_json::from_slice(&body) {
+        Ok(c) => c,
+        Err(e) => {
+            return error_response(&ErrorResponse::invalid_request(format!("invalid replica: {e}")))
+        }
+    };
+    let mut check = s.config.clone();
+    check.replicas = vec![cfg.clone()];
+    if let Err(e) = check.validate() {
+        return error_response(&ErrorResponse::invalid_request(e.to_string()));
+    }
+    match registry::add(&s, cfg) {
+        Ok(r) => (StatusCode::CREATED, Json(json!({"added": r.name}))).into_response(),
+        Err(e) => error_response(&ErrorResponse::with_status(409, e)),
+    }
+}
+
+fn find(s: &Shared, name: &str) -> Result<Arc<crate::state::Replica>, Box<Response>> {
+    s.replica_by_name(name).ok_or_else(|| {
+        Box::new(error_response(&ErrorResponse::not_found(format!("no replica named {name:?}"))))
+    })
+}
+
+/// `POST /admin/replicas/{name}/drain`.
+pub(crate) async fn drain_replica(State(s): S, Path(name): Path<String>) -> Response {
+    match find(&s, &name) {
+        Ok(r) => {
+            registry::drain(&s, &r);
+            Json(json!({"draining": r.name})).into_response()
+        }
+        Err(resp) => *resp,
+    }
+}
+
+/// `DELETE /admin/replicas/{name}`.
+pub(crate) async fn remove_replica(State(s): S, Path(name): Path<String>) -> Response {
+    match find(&s, &name) {
+        Ok(r) => {
+            registry::remove(&s, &r);
+            Json(json!({"removed": r.name})).into_response()
+        }
+        Err(resp) => *resp,
+    }
+}

@@ -1,0 +1,166 @@
+//! The client-facing handlers besides generation: models, tokenize,
+//! detokenize, health, readiness and metrics; and the generation entry points
+//! that prepare a request and hand it to `forward`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kvgate_openai::ErrorResponse;
+use kvgate_tokenize::ChatRequest;
+use serde_json::{json, Value};
+
+use crate::forward::{error_response, forward};
+use crate::prepare::{self, Route};
+use crate::state::{lock, read, Shared};
+
+type S = State<Arc<Shared>>;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+pub(crate) async fn chat(State(s): S, headers: HeaderMap, body: Bytes) -> Response {
+    generate(s, Route::Chat, headers, body).await
+}
+
+pub(crate) async fn completions(State(s): S, headers: HeaderMap, body: Bytes) -> Response {
+    generate(s, Route::Completions, headers, body).await
+}
+
+async fn generate(s: Arc<Shared>, route: Route, headers: HeaderMap, body: Bytes) -> Response {
+    let t0 = Instant::now();
+    let label = route.label();
+    if *s.closing.borrow() {
+        s.metrics.request(label, 503, "");
+        return error_response(&ErrorResponse::unavailable("kvgate is shutting down"));
+    }
+    let Ok(permit) = Arc::clone(&s.inflight).try_acquire_owned() else {
+        s.metrics.rejected("overloaded");
+        s.metrics.request(label, 503, "");
+        return error_response(&ErrorResponse::unavailable(
+            "too many requests in flight; retry later",
+        ));
+    };
+    let prepared = match route {
+        Route::Chat => prepare::chat(&s, body).await,
+        Route::Completions => prepare::completions(&s, body).await,
+    };
+    match prepared {
+        Ok(p) => forward(s, p, &headers, permit, t0).await,
+        Err(e) => {
+            s.metrics.rejected("invalid");
+            s.metrics.request(label, e.status(), "");
+            error_response(&e)
+        }
+    }
+}
+
+pub(crate) async fn models(State(s): S) -> Json<Value> {
+    let name = &s.config.model.served_name;
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": name,
+            "object": "model",
+            "created": unix_now(),
+            "owned_by": "kvgate",
+            "root": name,
+            "parent": null,
+            "max_model_len": s.config.model.max_model_len,
+            "permission": [],
+        }]
+    }))
+}
+
+fn bad(msg: impl Into<String>) -> Response {
+    error_response(&ErrorResponse::invalid_request(msg))
+}
+
+/// vLLM's `/tokenize`: chat (`messages`) or text (`prompt`), from kvgate's own
+/// tokenizer, which renders exactly as the engine does.
+pub(crate) async fn tokenize(State(s): S, body: Bytes) -> Response {
+    let Ok(value) = serde_json::from_slice::<Value>(&body) else {
+        return bad("the body is not valid JSON");
+    };
+    if let Some(m) = value.get("model").and_then(Value::as_str) {
+        if m != s.config.model.served_name {
+            return error_response(&ErrorResponse::not_found(format!(
+                "The model `{m}` does not exist."
+            )));
+        }
+    }
+    let tokens = if value.get("messages").is_some() {
+        let chat: ChatRequest = match serde_json::from_value(value) {
+            Ok(r) => r,
+            Err(e) => return bad(format!("invalid tokenize request: {e}")),
+        };
+        s.tokenizer.encode_chat(chat).await
+    } else if let Some(prompt) = value.get("prompt").and_then(Value::as_str) {
+        let add = value.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
+        s.tokenizer.encode_prompt(prompt.to_owned(), add).await
+    } else {
+        return bad("the request needs `messages` or a string `prompt`");
+    };
+    match tokens {
+        Ok(tokens) => Json(json!({
+            "count": tokens.len(),
+            "max_model_len": s.config.model.max_model_len,
+            "tokens": tokens,
+            "token_strs": null,
+        }))
+        .into_response(),
+        Err(e) => bad(e.to_string()),
+    }
+}
+
+/// vLLM's `/detokenize`.
+pub(crate) async fn detokenize(State(s): S, body: Bytes) -> Response {
+    let Ok(value) = serde_json::from_slice::<Value>(&body) else {
+        return bad("the body is not valid JSON");
+    };
+    let Some(ids) = value.get("tokens").and_then(Value::as_array) else {
+        return bad("`tokens` must be an array of token ids");
+    };
+    let ids: Option<Vec<u32>> =
+        ids.iter().map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok())).collect();
+    let Some(ids) = ids else { return bad("`tokens` must be an array of token ids") };
+    match s.tokenizer.tokenize().tokenizer().decode(&ids, false) {
+        Ok(prompt) => Json(json!({"prompt": prompt})).into_response(),
+        Err(e) => bad(e.to_string()),
+    }
+}
+
+/// Liveness: the process serves HTTP.
+pub(crate) async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+/// Readiness: every configured replica has answered a probe at least once,
+/// and at least one is in rotation now.
+pub(crate) async fn ready(State(s): S) -> Response {
+    let replicas = read(&s.replicas).clone();
+    let missing: Vec<String> =
+        replicas.iter().filter(|r| !lock(&r.status).ever_seen).map(|r| r.name.clone()).collect();
+    let serving = replicas.iter().filter(|r| lock(&r.status).probe_ok).count();
+    let ok = missing.is_empty() && serving > 0 && !*s.closing.borrow();
+    let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let body = json!({
+        "ready": ok,
+        "replicas": replicas.len(),
+        "in_rotation": serving,
+        "not_seen_yet": missing,
+    });
+    (status, Json(body)).into_response()
+}
+
+/// Prometheus metrics (OpenMetrics text).
+pub(crate) async fn metrics(State(s): S) -> Response {
+    let snap = s.snapshot(Instant::now());
+    let text = s.metrics.render(&snap);
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
+}

@@ -1,0 +1,549 @@
+//! `kvgate serve`'s configuration: one serde struct. A TOML file is read
+//! first, `--set key=value` pairs and the dedicated flags (each with a
+//! `KVGATE_*` environment variable) override it, and [`GatewayConfig::validate`]
+//! checks the result once. `docs/config.md` lists every key with the defaults
+//! of these `Default` impls (a test keeps the two in step).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use kvgate_router::RouterConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+/// How a replica receives the prompt tokens kvgate computed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Passthrough {
+    /// Chat gets `kv_transfer_params.prompt_token_ids` (vLLM skips its own
+    /// template and tokenizer); completions get a token-id `prompt`.
+    #[default]
+    KvTransferParams,
+    /// Completions get a token-id `prompt`; chat bodies go untouched.
+    TokenPrompt,
+    /// Bodies go untouched (the engine tokenizes again).
+    None,
+}
+
+impl Passthrough {
+    /// The snake_case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Passthrough::KvTransferParams => "kv_transfer_params",
+            Passthrough::TokenPrompt => "token_prompt",
+            Passthrough::None => "none",
+        }
+    }
+}
+
+/// One vLLM replica.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaConfig {
+    /// Base URL of its OpenAI server, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// Name in logs, metrics and explanations (default: the URL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Its KV-event PUB endpoint (`--kv-events-config` `endpoint`), e.g.
+    /// `tcp://10.0.0.5:5557`. Without it kvgate sees no cache state for this
+    /// replica (reported loudly) and routes it by load only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<String>,
+    /// Its replay ROUTER endpoint (`replay_endpoint`), to recover lost events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<String>,
+    /// Event topic prefix (`topic`); empty takes every topic.
+    #[serde(default)]
+    pub topic: String,
+    /// The engine's `--api-key`; sent to this engine only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// Its `--block-size`; checked against its events and `/metrics`.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// How prompt tokens are handed over.
+    #[serde(default)]
+    pub passthrough: Passthrough,
+}
+
+fn default_block_size() -> u32 {
+    16
+}
+
+impl ReplicaConfig {
+    /// A replica at `url` with defaults.
+    pub fn new(url: impl Into<String>) -> ReplicaConfig {
+        ReplicaConfig {
+            url: url.into(),
+            name: None,
+            events: None,
+            replay: None,
+            topic: String::new(),
+            api_key: None,
+            block_size: default_block_size(),
+            passthrough: Passthrough::default(),
+        }
+    }
+
+    /// The display name.
+    pub fn display_name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.url)
+    }
+
+    /// Parses the `--replica` flag:
+    /// `URL[,events=tcp://H:P][,replay=tcp://H:P][,topic=T][,api_key=K][,block_size=N][,passthrough=MODE][,name=N]`.
+    pub fn parse_spec(spec: &str) -> Result<ReplicaConfig, ConfigError> {
+        let mut parts = spec.split(',');
+        let url = parts.next().unwrap_or_default().trim();
+        if url.is_empty() {
+            return Err(ConfigError::Invalid(format!("--replica {spec:?}: missing URL")));
+        }
+        let mut r = ReplicaConfig::new(url);
+        for part in parts {
+            let Some((k, v)) = part.split_once('=') else {
+                return Err(ConfigError::Invalid(format!(
+                    "--replica {spec:?}: {part:?} is not key=value"
+                )));
+            };
+            let v = v.trim();
+            match k.trim() {
+                "events" => r.events = Some(v.to_owned()),
+                "replay" => r.replay = Some(v.to_owned()),
+                "topic" => r.topic = v.to_owned(),
+                "api_key" => r.api_key = Some(v.to_owned()),
+                "name" => r.name = Some(v.to_owned()),
+                "block_size" => {
+                    r.block_size = v.parse().map_err(|_| {
+                        ConfigError::Invalid(format!("--replica {spec:?}: block_size {v:?}"))
+                    })?
+                }
+                "passthrough" => {
+                    r.passthrough = match v {
+                        "kv_transfer_params" => Passthrough::KvTransferParams,
+                        "token_prompt" => Passthrough::TokenPrompt,
+                        "none" => Passthrough::None,
+                        _ => {
+                            return Err(ConfigError::Invalid(format!(
+                                "--replica {spec:?}: passthrough must be kv_transfer_params, \
+                                 token_prompt or none"
+                            )))
+                        }
+                    }
+                }
+                other => {
+                    return Err(ConfigError::Invalid(format!(
+                        "--replica {spec:?}: unknown key {other:?} (expected events, replay, \
+                         topic, api_key, block_size, passthrough, name)"
+                    )))
+                }
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// The model served.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelConfig {
+    /// A Hugging Face model directory (tokenizer.json, tokenizer_config.json);
+    /// none uses the bundled Qwen3 tokenizer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dir: Option<PathBuf>,
+    /// The model name clients send and `/v1/models` lists.
+    pub served_name: String,
+    /// Longest prompt + output accepted, tokens.
+    pub max_model_len: u32,
+    /// Tokenizer threads; 0 uses one per core.
+    pub tokenizer_threads: usize,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            dir: None,
+            served_name: "Qwen/Qwen3-0.6B".to_owned(),
+            max_model_len: 40_960,
+            tokenizer_threads: 0,
+        }
+    }
+}
+
+/// Who may call kvgate.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Client keys (`Authorization: Bearer K`); empty serves without keys,
+    /// which is allowed on loopback only unless `allow_unauthenticated`.
+    pub api_keys: Vec<String>,
+    /// The admin key for `/admin/*` (header `Authorization: Bearer K` or
+    /// `x-kvgate-admin-key`); without it the admin API is off unless it
+    /// listens on loopback.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_key: Option<String>,
+    /// Serve a non-loopback address without client keys (logs a warning).
+    pub allow_unauthenticated: bool,
+}
+
+/// Sizes and timeouts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest request body, bytes.
+    pub max_body_bytes: usize,
+    /// Largest request header section, bytes.
+    pub max_header_bytes: usize,
+    /// Most chat messages per request.
+    pub max_messages: usize,
+    /// A client must send its headers within this, ms.
+    pub header_read_timeout_ms: u64,
+    /// Connecting to an engine, ms.
+    pub connect_timeout_ms: u64,
+    /// Waiting for an engine's response headers, ms.
+    pub first_byte_timeout_ms: u64,
+    /// A stream with no bytes from the engine for this long ends with an
+    /// error event, ms.
+    pub stream_idle_timeout_ms: u64,
+    /// Further replicas tried when one fails before any byte was sent.
+    pub max_retries: u32,
+    /// Requests served at once; more get 503.
+    pub max_concurrent_requests: usize,
+    /// On SIGTERM, in-flight requests get this long to finish, ms.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_body_bytes: 32 << 20,
+            max_header_bytes: 64 << 10,
+            max_messages: 10_000,
+            header_read_timeout_ms: 10_000,
+            connect_timeout_ms: 2_000,
+            first_byte_timeout_ms: 600_000,
+            stream_idle_timeout_ms: 120_000,
+            max_retries: 2,
+            max_concurrent_requests: 4_096,
+            shutdown_grace_ms: 30_000,
+        }
+    }
+}
+
+/// Watching replicas.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MonitorConfig {
+    /// `GET /health` interval, ms.
+    pub health_interval_ms: u64,
+    /// `GET /metrics` scrape interval, ms.
+    pub metrics_interval_ms: u64,
+    /// Per-probe timeout, ms.
+    pub probe_timeout_ms: u64,
+    /// Consecutive failed probes (or failed requests) before a replica
+    /// leaves rotation.
+    pub unhealthy_after: u32,
+    /// A replica out of rotation this long has its index entries purged, ms.
+    pub purge_after_ms: u64,
+    /// After an event reset, the replica counts as degraded (overlap
+    /// ignored) until events have flowed for this long, ms.
+    pub rebuild_ms: u64,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            health_interval_ms: 1_000,
+            metrics_interval_ms: 1_000,
+            probe_timeout_ms: 1_000,
+            unhealthy_after: 2,
+            purge_after_ms: 30_000,
+            rebuild_ms: 5_000,
+        }
+    }
+}
+
+/// The simulated replicas `kvgate serve` starts when none are configured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EmbeddedSimConfig {
+    /// How many.
+    pub replicas: usize,
+    /// GPU KV blocks each.
+    pub num_gpu_blocks: u32,
+    /// Timing preset (`dynamo_mocker` or `llmd_qwen3_32b`).
+    pub timing: String,
+    /// Simulated time runs this many times faster than real time.
+    pub speedup: f64,
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: u32,
+}
+
+impl Default for EmbeddedSimConfig {
+    fn default() -> Self {
+        EmbeddedSimConfig {
+            replicas: 4,
+            num_gpu_blocks: 8192,
+            timing: "llmd_qwen3_32b".to_owned(),
+            speedup: 1.0,
+            default_max_tokens: 64,
+        }
+    }
+}
+
+/// Everything `kvgate serve` reads.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// The OpenAI-compatible API.
+    pub listen: SocketAddr,
+    /// The admin API (`/admin/*`); default loopback. Unset serves admin on
+    /// `listen` (then an admin key is required off loopback).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_listen: Option<SocketAddr>,
+    /// `/metrics` on its own address; unset serves it on `listen` (behind
+    /// the client keys when there are any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Add `x-kvgate-replica: <name>` to responses.
+    pub replica_header: bool,
+    /// The model.
+    pub model: ModelConfig,
+    /// Replicas; none starts `embedded_sims`.
+    pub replicas: Vec<ReplicaConfig>,
+    /// Routing.
+    pub router: RouterConfig,
+    /// Keys.
+    pub auth: AuthConfig,
+    /// Limits and timeouts.
+    pub limits: LimitsConfig,
+    /// Replica monitoring.
+    pub monitor: MonitorConfig,
+    /// The embedded default fleet.
+    pub embedded_sims: EmbeddedSimConfig,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 8001))),
+            metrics_listen: None,
+            replica_header: true,
+            model: ModelConfig::default(),
+            replicas: Vec::new(),
+            router: RouterConfig::default(),
+            auth: AuthConfig::default(),
+            limits: LimitsConfig::default(),
+            monitor: MonitorConfig::default(),
+            embedded_sims: EmbeddedSimConfig::default(),
+        }
+    }
+}
+
+impl GatewayConfig {
+    /// Reads a TOML document, applies `key=value` overrides (dotted keys,
+    /// TOML values; a value that is not valid TOML is taken as a string),
+    /// and deserialises.
+    pub fn from_toml_with_overrides(
+        text: &str,
+        overrides: &[String],
+    ) -> Result<GatewayConfig, ConfigError> {
+        let mut doc: toml::Table =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        for o in overrides {
+            let Some((key, value)) = o.split_once('=') else {
+                return Err(ConfigError::Invalid(format!("--set {o:?}: expected key=value")));
+            };
+            set_dotted(&mut doc, key.trim(), parse_value(value.trim()))?;
+        }
+        toml::Value::Table(doc)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))
+    }
+
+    /// Checks the whole configuration once; everything else trusts it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        self.router.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let auth = &self.auth;
+        if auth.api_keys.iter().any(|k| k.len() < 8) {
+            return bad("auth.api_keys: every key needs at least 8 characters".into());
+        }
+        if auth.admin_key.as_ref().is_some_and(|k| k.len() < 8) {
+            return bad("auth.admin_key needs at least 8 characters".into());
+        }
+        if !self.listen.ip().is_loopback()
+            && auth.api_keys.is_empty()
+            && !auth.allow_unauthenticated
+        {
+            return bad(format!(
+                "listen {} is not loopback and no client keys are set: set auth.api_keys \
+                 (--api-key) or pass --allow-unauthenticated",
+                self.listen
+            ));
+        }
+        let admin_addr = self.admin_listen.unwrap_or(self.listen);
+        if !admin_addr.ip().is_loopback() && auth.admin_key.is_none() {
+            return bad(format!(
+                "the admin API would listen on {admin_addr} (not loopback) without \
+                 auth.admin_key (--admin-key)"
+            ));
+        }
+        let l = &self.limits;
+        if l.max_body_bytes == 0 || l.max_header_bytes < 1024 || l.max_concurrent_requests == 0 {
+            return bad("limits: body, header and concurrency limits must be positive".into());
+        }
+        let m = &self.monitor;
+        if m.health_interval_ms == 0 || m.metrics_interval_ms == 0 || m.probe_timeout_ms == 0 {
+            return bad("monitor: intervals and timeouts must be positive".into());
+        }
+        if self.model.served_name.is_empty() {
+            return bad("model.served_name must not be empty".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for r in &self.replicas {
+            let url = reqwest::Url::parse(&r.url)
+                .map_err(|e| ConfigError::Invalid(format!("replica url {:?}: {e}", r.url)))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return bad(format!("replica url {:?}: expected http:// or https://", r.url));
+            }
+            if !seen.insert(r.url.trim_end_matches('/').to_owned()) {
+                return bad(format!("replica {:?} is listed twice", r.url));
+            }
+            for ep in [&r.events, &r.replay].into_iter().flatten() {
+                if !ep.starts_with("tcp://") {
+                    return bad(format!(
+                        "replica {:?}: endpoint {ep:?} must be tcp://HOST:PORT",
+                        r.url
+                    ));
+                }
+            }
+            if r.replay.is_some() && r.events.is_none() {
+                return bad(format!("replica {:?}: a replay endpoint needs events too", r.url));
+            }
+            if r.block_size == 0 || r.block_size > 1024 {
+                return bad(format!("replica {:?}: block_size must be in 1..=1024", r.url));
+            }
+        }
+        if let Some(first) = self.replicas.first() {
+            if let Some(other) = self.replicas.iter().find(|r| r.block_size != first.block_size) {
+                return bad(format!(
+                    "replicas disagree on block_size ({} has {}, {} has {}): one model's \
+                     fleet shares one block size",
+                    first.url, first.block_size, other.url, other.block_size
+                ));
+            }
+        }
+        let s = &self.embedded_sims;
+        if self.replicas.is_empty() && !(1..=64).contains(&s.replicas) {
+            return bad("embedded_sims.replicas must be in 1..=64".into());
+        }
+        Ok(())
+    }
+}
+
+fn parse_value(v: &str) -> toml::Value {
+    // A bare TOML value (number, bool, array, quoted string) or, failing
+    // that, the text itself as a string.
+    let wrapped = format!("v = {v}");
+    match toml::from_str::<toml::Table>(&wrapped) {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(v.to_owned())),
+        Err(_) => toml::Value::String(v.to_owned()),
+    }
+}
+
+fn set_dotted(doc: &mut toml::Table, key: &str, value: toml::Value) -> Result<(), ConfigError> {
+    let mut parts: Vec<&str> = key.split('.').collect();
+    let Some(last) = parts.pop().filter(|l| !l.is_empty()) else {
+        return Err(ConfigError::Invalid(format!("--set: empty key in {key:?}")));
+    };
+    let mut table = doc;
+    for p in parts {
+        let entry =
+            table.entry(p.to_owned()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = match entry {
+            toml::Value::Table(t) => t,
+            _ => return Err(ConfigError::Invalid(format!("--set {key}: {p} is not a table"))),
+        };
+    }
+    table.insert(last.to_owned(), value);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_round_trip_through_toml() {
+        let c = GatewayConfig::default();
+        c.validate().unwrap();
+        let text = toml::to_string(&c).unwrap();
+        assert_eq!(GatewayConfig::from_toml_with_overrides(&text, &[]).unwrap(), c);
+    }
+
+    #[test]
+    fn overrides_reach_nested_keys() {
+        let c = GatewayConfig::from_toml_with_overrides(
+            "[router]\npolicy = \"round_robin\"\n",
+            &[
+                "router.epsilon=0.2".into(),
+                "model.served_name=my-model".into(),
+                "listen=\"127.0.0.1:9\"".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.router.policy, kvgate_router::PolicyKind::RoundRobin);
+        assert_eq!(c.router.epsilon, 0.2);
+        assert_eq!(c.model.served_name, "my-model");
+        assert_eq!(c.listen.port(), 9);
+        let e = GatewayConfig::from_toml_with_overrides("", &["router.nope=1".into()]).unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn replica_specs_parse_and_bad_ones_are_named() {
+        let r = ReplicaConfig::parse_spec(
+            "http://h:8000,events=tcp://h:5557,replay=tcp://h:5558,api_key=sekrit12,block_size=32,passthrough=none",
+        )
+        .unwrap();
+        assert_eq!(r.events.as_deref(), Some("tcp://h:5557"));
+        assert_eq!(r.block_size, 32);
+        assert_eq!(r.passthrough, Passthrough::None);
+        for bad in ["", "http://h,colour=red", "http://h,block_size=x", "http://h,events"] {
+            assert!(ReplicaConfig::parse_spec(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn exposure_without_keys_is_refused() {
+        let mut c = GatewayConfig { listen: "0.0.0.0:8000".parse().unwrap(), ..Default::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("allow-unauthenticated"));
+        c.auth.allow_unauthenticated = true;
+        c.validate().unwrap();
+        c.admin_listen = Some("0.0.0.0:8001".parse().unwrap());
+        assert!(c.validate().unwrap_err().to_string().contains("admin"));
+        c.auth.admin_key = Some("admin-key-123".into());
+        c.validate().unwrap();
+        c.auth.api_keys = vec!["short".into()];
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn replica_mistakes_are_loud() {
+        let mut c = GatewayConfig {
+            replicas: vec![ReplicaConfig::new("http://a:1"), ReplicaConfig::new("http://a:1")],
+            ..GatewayConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("twice"));
+        c.replicas[1] = ReplicaConfig { block_size: 32, ..ReplicaConfig::new("http://b:1") };
+        assert!(c.validate().unwrap_err().to_string().contains("block_size"));
+        c.replicas[1] =
+            ReplicaConfig { events: Some("udp://x".into()), ..ReplicaConfig::new("http://b:1") };
+        assert!(c.validate().unwrap_err().to_string().contains("tcp://"));
+        c.replicas[1] = ReplicaConfig::new("ftp://b:1");
+        assert!(c.validate().is_err());
+    }
+}

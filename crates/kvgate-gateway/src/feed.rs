@@ -1,0 +1,86 @@
+//! Keeping the KV view live: one `kvgate-events` subscriber per replica feeds
+//! the index. A reset clears that replica's view and marks it degraded (its
+//! overlap ignored) until events have flowed for `monitor.rebuild_ms`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvgate_events::subscriber::{Subscriber, SubscriberConfig, Update};
+use tokio::sync::mpsc;
+
+use crate::state::{lock, write, Replica, Shared};
+
+/// Runs the subscriber of `replica` until it is stopped.
+pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) {
+    let Some(endpoint) = replica.config.events.clone() else { return };
+    let mut cfg = SubscriberConfig::new(endpoint);
+    cfg.replay_endpoint = replica.config.replay.clone();
+    cfg.topic = replica.config.topic.clone();
+    let (tx, mut rx) = mpsc::channel(1024);
+    let sub = Subscriber::new(cfg, Arc::clone(&replica.events), tx);
+    let mut stop = replica.stop.subscribe();
+    let name = replica.name.clone();
+    let task = tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop.wait_for(|v| *v).await;
+        };
+        if let Err(e) = sub.run(shutdown).await {
+            tracing::warn!(replica = %name, error = %e, "event subscriber stopped");
+        }
+    });
+    let rebuild = Duration::from_millis(shared.config.monitor.rebuild_ms);
+    while let Some(update) = rx.recv().await {
+        apply(&shared, &replica, update, rebuild);
+    }
+    task.abort();
+}
+
+fn apply(shared: &Shared, replica: &Replica, update: Update, rebuild: Duration) {
+    let now = Instant::now();
+    match update {
+        Update::Batch { batch, .. } => {
+            let outcome = write(&shared.index).apply_batch(replica.id, &batch, now);
+            let mut s = lock(&replica.status);
+            s.events_seen = true;
+            if outcome.anomalies.block_size_mismatch > 0 {
+                let p = format!(
+                    "its events carry a block size other than the configured {} \
+                     (set block_size to the engine's --block-size)",
+                    replica.config.block_size
+                );
+                s.problem(&replica.name, p);
+            }
+        }
+        Update::Reset { reason } => {
+            let cleared = write(&shared.index).clear_replica(replica.id).unwrap_or(0);
+            tracing::warn!(replica = %replica.name, %reason, cleared, "KV view reset");
+            lock(&replica.status).degraded = Some((format!("view reset: {reason}"), now + rebuild));
+            shared.sync_health(replica, now);
+        }
+        Update::Degraded { reason } => {
+            tracing::warn!(replica = %replica.name, %reason, "KV view degraded");
+            lock(&replica.status).degraded =
+                Some((format!("view incomplete: {reason}"), now + rebuild));
+            shared.sync_health(replica, now);
+        }
+        Update::DecodeError { seq, error } => {
+            // Its events are lost; a lost removal would leave ghost blocks,
+            // so the view is reset and rebuilt, and the problem is reported.
+            let cleared = write(&shared.index).clear_replica(replica.id).unwrap_or(0);
+            let mut s = lock(&replica.status);
+            s.problem(&replica.name, format!("undecodable event batch (seq {seq}): {error}"));
+            s.degraded = Some((format!("event batch {seq} undecodable"), now + rebuild));
+            drop(s);
+            tracing::warn!(replica = %replica.name, seq, %error, cleared, "undecodable event batch; view reset");
+            shared.sync_health(replica, now);
+        }
+        Update::Gap { from, to } => {
+            tracing::info!(replica = %replica.name, from, to, "event gap, replaying");
+        }
+        Update::Replayed { from, count, .. } => {
+            tracing::debug!(replica = %replica.name, from, count, "replay done");
+        }
+        Update::Connected => tracing::debug!(replica = %replica.name, "events connected"),
+        Update::Disconnected => tracing::info!(replica = %replica.name, "events disconnected"),
+    }
+}

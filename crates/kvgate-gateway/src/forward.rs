@@ -1,0 +1,275 @@
+//! Routing and forwarding one prepared request: decide (waiting while every
+//! replica is busy), send it to the chosen replica with the engine's key,
+//! retry on another replica when the connection fails or the engine answers
+//! 5xx before any byte reached the client, then hand the response to the
+//! relay (streams) or return it whole.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kvgate_index::ReplicaId;
+use kvgate_openai::ErrorResponse;
+use kvgate_router::{Decision, Outcome, RejectReason, RouteRequest, Routed};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::prepare::Prepared;
+use crate::relay::Relay;
+use crate::state::{lock, read, Replica, Shared};
+
+/// Largest engine error body read to relay its message, bytes.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// An OpenAI-style error response.
+pub(crate) fn error_response(e: &ErrorResponse) -> Response {
+    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(header::CONTENT_TYPE, "application/json")], e.to_vec()).into_response()
+}
+
+fn with_retry_after(mut r: Response, after: Duration) -> Response {
+    let secs = after.as_secs_f64().ceil().max(1.0) as u64;
+    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+        r.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    r
+}
+
+/// Routes and forwards `p`; `permit` bounds concurrency for the whole life
+/// of the response, streaming included.
+pub(crate) async fn forward(
+    shared: Arc<Shared>,
+    p: Prepared,
+    client_headers: &HeaderMap,
+    permit: OwnedSemaphorePermit,
+    t0: Instant,
+) -> Response {
+    let label = p.route.label();
+    let fwd_headers = crate::auth::forwarded(client_headers);
+    let mut exclude: Vec<ReplicaId> = Vec::new();
+    let mut queued_since: Option<Instant> = None;
+    let mut last_error: Option<ErrorResponse> = None;
+    let max_retries = shared.config.limits.max_retries;
+    loop {
+        let now = Instant::now();
+        let decision = {
+            let req = RouteRequest {
+                prompt_tokens: p.prompt_tokens,
+                keys: &p.keys,
+                max_output_tokens: p.max_output,
+                session_key: p.session_key.as_deref(),
+                approx_symbols: p.tokens.as_deref(),
+                queued_since,
+                exclude: &exclude,
+            };
+            let index = read(&shared.index);
+            let mut router = lock(&shared.router);
+            router.decide(&req, &index, now)
+        };
+        shared.metrics.decide_time(now.elapsed().as_secs_f64());
+        let routed = match decision {
+            Decision::Routed(r) => r,
+            Decision::Wait { retry_after } => {
+                queued_since.get_or_insert(now);
+                tokio::time::sleep(retry_after).await;
+                continue;
+            }
+            Decision::Reject { reason, retry_after } => {
+                let (resp, why) = match (reason, last_error.take()) {
+                    // Every replica tried failed: report the last failure.
+                    (RejectReason::NoReplica, Some(e)) if !exclude.is_empty() => {
+                        (error_response(&e), "no_replica")
+                    }
+                    (RejectReason::NoReplica, _) => (
+                        error_response(&ErrorResponse::unavailable(
+                            "no replica is available to serve this request",
+                        )),
+                        "no_replica",
+                    ),
+                    (RejectReason::AllBusy, _) => (
+                        error_response(&ErrorResponse::unavailable(
+                            "every replica is busy; retry later",
+                        )),
+                        "all_busy",
+                    ),
+                };
+                shared.metrics.rejected(why);
+                shared.metrics.request(label, resp.status().as_u16(), "");
+                return with_retry_after(resp, retry_after);
+            }
+        };
+        let Some(replica) = shared.replica(routed.replica) else {
+            // Removed between the decision and now.
+            routed.booking.finish(Outcome::Error);
+            exclude.push(routed.replica);
+            continue;
+        };
+        match send(&shared, &p, &replica, &fwd_headers).await {
+            Ok(resp) => {
+                replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let cached = u64::from(routed.cached_blocks) * u64::from(shared.block_size);
+                shared.metrics.prompt_tokens(p.prompt_tokens, cached.min(p.prompt_tokens));
+                tracing::debug!(
+                    replica = %replica.name,
+                    cached_blocks = routed.cached_blocks,
+                    predicted_ttft_s = routed.predicted_ttft_s,
+                    "routed"
+                );
+                return respond(shared, &p, replica, routed, resp, permit, t0).await;
+            }
+            Err((reason, err)) => {
+                routed.booking.finish(Outcome::Error);
+                tracing::warn!(replica = %replica.name, %reason, error = %err.error.message, "engine failed; trying another replica");
+                shared.note_failure(&replica, err.error.message.clone(), Instant::now());
+                shared.metrics.retry(reason);
+                exclude.push(replica.id);
+                if exclude.len() > max_retries as usize {
+                    shared.metrics.request(label, err.status(), &replica.name);
+                    return error_response(&err);
+                }
+                last_error = Some(err);
+            }
+        }
+    }
+}
+
+/// Sends the request; `Err` when another replica should be tried.
+async fn send(
+    shared: &Shared,
+    p: &Prepared,
+    replica: &Replica,
+    fwd_headers: &[(header::HeaderName, HeaderValue)],
+) -> Result<reqwest::Response, (&'static str, ErrorResponse)> {
+    let url = format!("{}{}", replica.base, p.route.path());
+    let mut rb = shared
+        .client
+        .post(url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(p.body_for(replica.config.passthrough));
+    for (n, v) in fwd_headers {
+        rb = rb.header(n, v);
+    }
+    if let Some(k) = &replica.config.api_key {
+        rb = rb.bearer_auth(k);
+    }
+    let first_byte = Duration::from_millis(shared.config.limits.first_byte_timeout_ms);
+    let resp = match tokio::time::timeout(first_byte, rb.send()).await {
+        Err(_) => {
+            return Err((
+                "timeout",
+                ErrorResponse::timeout(format!("replica {} did not answer in time", replica.name)),
+            ))
+        }
+        Ok(Err(e)) => {
+            return Err((
+                "connect",
+                ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name)),
+            ))
+        }
+        Ok(Ok(r)) => r,
+    };
+    if resp.status().is_server_error() {
+        let status = resp.status().as_u16();
+        let body = read_limited(resp, MAX_ERROR_BODY).await;
+        return Err(("status_5xx", ErrorResponse::from_upstream(status, &body)));
+    }
+    Ok(resp)
+}
+
+async fn read_limited(mut resp: reqwest::Response, max: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let room = max.saturating_sub(out.len());
+        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if out.len() >= max {
+            break;
+        }
+    }
+    out
+}
+
+fn response_headers(shared: &Shared, replica: &Replica, upstream: &reqwest::Response) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for name in [header::CONTENT_TYPE, header::HeaderName::from_static("x-request-id")] {
+        if let Some(v) = upstream.headers().get(name.as_str()) {
+            if let Ok(v) = HeaderValue::from_bytes(v.as_bytes()) {
+                h.insert(name, v);
+            }
+        }
+    }
+    if shared.config.replica_header {
+        if let Ok(v) = HeaderValue::from_str(&replica.name) {
+            h.insert("x-kvgate-replica", v);
+        }
+    }
+    h
+}
+
+async fn respond(
+    shared: Arc<Shared>,
+    p: &Prepared,
+    replica: Arc<Replica>,
+    routed: Routed,
+    resp: reqwest::Response,
+    permit: OwnedSemaphorePermit,
+    t0: Instant,
+) -> Response {
+    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = response_headers(&shared, &replica, &resp);
+    let is_sse = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let label = p.route.label();
+    if p.stream && status.is_success() && is_sse {
+        shared.metrics.request(label, status.as_u16(), &replica.name);
+        let relay = Relay::new(shared, label, replica, routed.booking, resp, permit, t0);
+        let mut r = Response::new(Body::from_stream(relay.into_stream()));
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        return r;
+    }
+    // Whole responses: the first token is not observable, so the booking
+    // moves to decoding when the model predicted it would (no calibration
+    // sample is taken from it).
+    let mut booking = routed.booking;
+    let predicted = Duration::from_secs_f64(routed.predicted_ttft_s.clamp(0.0, 3600.0));
+    let body_fut = resp.bytes();
+    tokio::pin!(body_fut);
+    let body = tokio::select! {
+        b = &mut body_fut => b,
+        _ = tokio::time::sleep(predicted) => {
+            booking.first_token_unmeasured(Instant::now());
+            body_fut.await
+        }
+    };
+    drop(permit);
+    match body {
+        Ok(bytes) => {
+            let outcome = if status.is_success() { Outcome::Finished } else { Outcome::Error };
+            booking.finish(outcome);
+            shared.metrics.request(label, status.as_u16(), &replica.name);
+            shared.metrics.e2e(label, t0.elapsed().as_secs_f64());
+            let mut r = Response::new(Body::from(bytes));
+            *r.status_mut() = status;
+            *r.headers_mut() = headers;
+            r
+        }
+        Err(e) => {
+            booking.finish(Outcome::Error);
+            let err = ErrorResponse::bad_gateway(format!(
+                "replica {} failed while answering: {e}",
+                replica.name
+            ));
+            shared.note_failure(&replica, err.error.message.clone(), Instant::now());
+            shared.metrics.request(label, err.status(), &replica.name);
+            let mut r = error_response(&err);
+            if let Some(v) = headers.get("x-kvgate-replica") {
+                r.headers_mut().insert("x-kvgate-replica", v.clone());
+            }
+            r
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! `kvgate-gateway`: `kvgate serve`, the OpenAI-compatible ingress. It
+//! tokenizes once (as the engine would), routes on live KV state through
+//! `kvgate-router`, hands the tokens to the engine and streams the answer
+//! straight back.
+//!
+//! Code map:
+//! - `config.rs`: [`GatewayConfig`], the one source of `serve` settings.
+//! - `server.rs`: [`Gateway`]: listeners (hyper, with header limits), routes,
+//!   auth middleware, graceful shutdown.
+//! - `api.rs`: generation entry points, models, tokenize, health, ready, metrics.
+//! - `prepare.rs`: parse, check, tokenize, block keys, passthrough bodies.
+//! - `forward.rs`: decide, send, retry before the first byte, whole responses.
+//! - `relay.rs`: SSE streaming with first-token detection and error tails.
+//! - `feed.rs`: one KV-event subscriber per replica into the index.
+//! - `monitor.rs`, `scrape.rs`: health probes and `/metrics` scraping.
+//! - `registry.rs`: adding, draining and removing replicas.
+//! - `admin.rs`: `/admin/replicas`, `/admin/decisions`.
+//! - `auth.rs`: constant-time keys, forwarded-header allow-list.
+//! - `state.rs`, `snapshot.rs`, `metrics.rs`: shared state, its snapshot,
+//!   Prometheus exposition.
+
+mod admin;
+mod api;
+mod auth;
+pub mod config;
+mod error;
+mod feed;
+mod forward;
+mod metrics;
+mod monitor;
+mod prepare;
+mod registry;
+mod relay;
+mod scrape;
+mod server;
+mod snapshot;
+mod state;
+
+pub use config::{GatewayConfig, Passthrough, ReplicaConfig};
+pub use error::{ConfigError, StartError};
+pub use server::Gateway;
+pub use snapshot::{FleetSnapshot, ReplicaSnapshot};

@@ -1,0 +1,899 @@
+//! kvgate's own `/metrics`: request-path counters and histograms recorded as
+//! requests flow, plus the fleet snapshot encoded at scrape time.
+//!
+//! Everything goes through `prometheus-client`'s OpenMetrics text encoder. The
+//! request-path metrics live in a long-lived [`Registry`]; the snapshot-derived
+//! series (absolute counters and gauges kept elsewhere: index, ledger, event
+//! feeds, engine reports) are written by a [`Collector`] with
+//! [`ConstCounter`]/[`ConstGauge`], registered in a throw-away registry for
+//! each scrape so that the exposition always reflects the snapshot passed to
+//! [`Metrics::render`].
+//!
+//! Naming: counters are registered under their base name and the encoder
+//! appends `_total` (0.26 `debug_assert!`s that a counter name does not already
+//! end in `_total`); metrics with a unit are registered with [`Unit::Seconds`],
+//! which appends `_seconds` and adds a `# UNIT` line. All names get the
+//! `kvgate_` prefix from the registry.
+
+use std::fmt;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeCounterValue, EncodeGaugeValue, EncodeLabelSet, EncodeMetric,
+};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::snapshot::{FleetSnapshot, ReplicaSnapshot};
+
+/// The `Content-Type` of what [`Metrics::render`] produces: the OpenMetrics
+/// text format 1.0.0 written by `prometheus_client::encoding::text`. (The crate
+/// only exports a constant for its *Prometheus* 0.0.4 text encoder, so this
+/// one is spelled out here.)
+pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Prefix of every metric name.
+const PREFIX: &str = "kvgate";
+
+/// Reasons a request was retried on another replica.
+const RETRY_REASONS: [&str; 3] = ["connect", "status_5xx", "timeout"];
+/// Reasons a response stream ended early.
+const STREAM_ERROR_REASONS: [&str; 3] = ["upstream", "idle_timeout", "client_disconnect"];
+/// Reasons a request was refused.
+const REJECT_REASONS: [&str; 5] =
+    ["all_busy", "no_replica", "overloaded", "unauthorized", "invalid"];
+
+/// The empty label set (`NoLabelSet` is an uninhabited enum in 0.26).
+const NO_LABELS: [(&str, &str); 0] = [];
+
+/// Index / capacity tiers, in the order of the snapshot arrays.
+const TIERS: [&str; 3] = ["gpu", "cpu", "storage"];
+/// Replica health states.
+const HEALTH_STATES: [&str; 3] = ["healthy", "degraded", "down"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: &'static str,
+    status: u16,
+    replica: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Time to first token: 5 ms to 2 min.
+fn ttft_histogram() -> Histogram {
+    Histogram::new([
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    ])
+}
+
+/// Whole request: 10 ms to 10 min.
+fn e2e_histogram() -> Histogram {
+    Histogram::new([
+        0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    ])
+}
+
+/// Tokenization: 10 µs to 1 s.
+fn tokenize_histogram() -> Histogram {
+    Histogram::new([
+        1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
+        0.5, 1.0,
+    ])
+}
+
+/// Routing decision: 1 µs to 10 ms.
+fn decide_histogram() -> Histogram {
+    Histogram::new([
+        1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01,
+    ])
+}
+
+/// Durations that can go into a histogram: finite, not negative. A NaN would
+/// poison the sum for the life of the process.
+fn duration(seconds: f64) -> Option<f64> {
+    if seconds.is_finite() {
+        Some(seconds.max(0.0))
+    } else {
+        None
+    }
+}
+
+/// kvgate's metrics. Recording is cheap: atomics, plus the family maps'
+/// read locks (a write lock only the first time a label set is seen).
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    ttft: HistogramFamily<RouteLabels>,
+    e2e: HistogramFamily<RouteLabels>,
+    tokenize: Histogram,
+    decide: Histogram,
+    prompt_tokens: Counter,
+    predicted_cached_tokens: Counter,
+    retries: Family<ReasonLabels, Counter>,
+    stream_errors: Family<ReasonLabels, Counter>,
+    rejected: Family<ReasonLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Metrics {
+        let requests = Family::<RequestLabels, Counter>::default();
+        let ttft = HistogramFamily::new_with_constructor(ttft_histogram as fn() -> Histogram);
+        let e2e = HistogramFamily::new_with_constructor(e2e_histogram as fn() -> Histogram);
+        let tokenize = tokenize_histogram();
+        let decide = decide_histogram();
+        let prompt_tokens = Counter::default();
+        let predicted_cached_tokens = Counter::default();
+        let retries = Family::<ReasonLabels, Counter>::default();
+        let stream_errors = Family::<ReasonLabels, Counter>::default();
+        let rejected = Family::<ReasonLabels, Counter>::default();
+        // Known reasons are exported from the start (as 0), so that `rate()`
+        // and alerts see the series before the first occurrence. (An empty
+        // family is left out of the exposition altogether.)
+        for (family, reasons) in [
+            (&retries, &RETRY_REASONS[..]),
+            (&stream_errors, &STREAM_ERROR_REASONS[..]),
+            (&rejected, &REJECT_REASONS[..]),
+        ] {
+            for &reason in reasons {
+                drop(family.get_or_create(&ReasonLabels { reason }));
+            }
+        }
+
+        let mut registry = Registry::with_prefix(PREFIX);
+        registry.register(
+            "requests",
+            "Requests answered, by route, HTTP status and replica (empty when none)",
+            requests.clone(),
+        );
+        registry.register_with_unit(
+            "time_to_first_token",
+            "Time to first token as observed by the gateway",
+            Unit::Seconds,
+            ttft.clone(),
+        );
+        registry.register_with_unit(
+            "request_duration",
+            "Request duration, end to end, as observed by the gateway",
+            Unit::Seconds,
+            e2e.clone(),
+        );
+        registry.register_with_unit(
+            "tokenize",
+            "Time spent tokenizing a prompt",
+            Unit::Seconds,
+            tokenize.clone(),
+        );
+        registry.register_with_unit(
+            "decide",
+            "Time spent deciding where to route a request",
+            Unit::Seconds,
+            decide.clone(),
+        );
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens of routed requests",
+            prompt_tokens.clone(),
+        );
+        registry.register(
+            "predicted_cached_tokens",
+            "Prompt tokens predicted to be cached on the chosen replica \
+             (predicted hit rate = this / kvgate_prompt_tokens_total)",
+            predicted_cached_tokens.clone(),
+        );
+        registry.register(
+            "retries",
+            "Requests retried on another replica, by reason",
+            retries.clone(),
+        );
+        registry.register(
+            "stream_errors",
+            "Response streams that ended early, by reason",
+            stream_errors.clone(),
+        );
+        registry.register("rejected", "Requests refused, by reason", rejected.clone());
+
+        Metrics {
+            registry,
+            requests,
+            ttft,
+            e2e,
+            tokenize,
+            decide,
+            prompt_tokens,
+            predicted_cached_tokens,
+            retries,
+            stream_errors,
+            rejected,
+        }
+    }
+
+    /// A request answered on `route` with `status`, served by `replica` (""
+    /// when none was chosen).
+    pub(crate) fn request(&self, route: &'static str, status: u16, replica: &str) {
+        let labels = RequestLabels { route, status, replica: replica.to_owned() };
+        self.requests.get_or_create(&labels).inc();
+    }
+
+    /// Time to first token on `route`, seconds.
+    pub(crate) fn ttft(&self, route: &'static str, seconds: f64) {
+        if let Some(s) = duration(seconds) {
+            self.ttft.get_or_create(&RouteLabels { route }).observe(s);
+        }
+    }
+
+    /// Whole-request duration on `route`, seconds.
+    pub(crate) fn e2e(&self, route: &'static str, seconds: f64) {
+        if let Some(s) = duration(seconds) {
+            self.e2e.get_or_create(&RouteLabels { route }).observe(s);
+        }
+    }
+
+    /// Time spent tokenizing, seconds.
+    pub(crate) fn tokenize_time(&self, seconds: f64) {
+        if let Some(s) = duration(seconds) {
+            self.tokenize.observe(s);
+        }
+    }
+
+    /// Time spent deciding, seconds.
+    pub(crate) fn decide_time(&self, seconds: f64) {
+        if let Some(s) = duration(seconds) {
+            self.decide.observe(s);
+        }
+    }
+
+    /// A routed prompt of `total` tokens, `predicted_cached` of them predicted
+    /// to hit the chosen replica's prefix cache.
+    pub(crate) fn prompt_tokens(&self, total: u64, predicted_cached: u64) {
+        self.prompt_tokens.inc_by(total);
+        self.predicted_cached_tokens.inc_by(predicted_cached);
+    }
+
+    /// A retry: `"connect"`, `"status_5xx"` or `"timeout"`.
+    pub(crate) fn retry(&self, reason: &'static str) {
+        self.retries.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// A stream ended early: `"upstream"`, `"idle_timeout"` or
+    /// `"client_disconnect"`.
+    pub(crate) fn stream_error(&self, reason: &'static str) {
+        self.stream_errors.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// A refusal: `"all_busy"`, `"no_replica"`, `"overloaded"`,
+    /// `"unauthorized"` or `"invalid"`.
+    pub(crate) fn rejected(&self, reason: &'static str) {
+        self.rejected.get_or_create(&ReasonLabels { reason }).inc();
+    }
+
+    /// The OpenMetrics text exposition ([`CONTENT_TYPE`]): the recorded
+    /// metrics, then the series derived from `snap`, then `# EOF`.
+    pub(crate) fn render(&self, snap: &FleetSnapshot) -> String {
+        let mut scrape = Registry::with_prefix(PREFIX);
+        scrape.register_collector(Box::new(SnapshotCollector(snap.clone())));
+        let mut out = String::with_capacity(16 * 1024);
+        let encoded = encode_registry(&mut out, &self.registry)
+            .and_then(|()| encode_registry(&mut out, &scrape));
+        if encoded.is_err() {
+            // Writing to a `String` cannot fail, nor can anything the
+            // collector encodes; should it happen, a valid empty exposition
+            // beats a truncated one.
+            out.clear();
+        }
+        // Cannot fail either: it writes a constant to a `String`.
+        let _ = encode_eof(&mut out);
+        out
+    }
+}
+
+/// Encodes a [`FleetSnapshot`] at scrape time.
+#[derive(Debug)]
+struct SnapshotCollector(FleetSnapshot);
+
+/// One metric family: a descriptor and its series; nothing when there are no
+/// series.
+fn family<L, M>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    metric_type: MetricType,
+    series: impl IntoIterator<Item = (L, M)>,
+) -> fmt::Result
+where
+    L: EncodeLabelSet,
+    M: EncodeMetric,
+{
+    let mut series = series.into_iter().peekable();
+    if series.peek().is_none() {
+        return Ok(());
+    }
+    // The registry ends the help of what is registered with it with a period;
+    // so does this, for one style throughout.
+    let help = format!("{help}.");
+    let mut metric = enc.encode_descriptor(name, &help, unit, metric_type)?;
+    for (labels, m) in series {
+        m.encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// A counter family; the encoder appends `_total` to `name`.
+fn counters<L: EncodeLabelSet, N: EncodeCounterValue>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (L, N)>,
+) -> fmt::Result {
+    let series = series.into_iter().map(|(l, v)| (l, ConstCounter::new(v)));
+    family(enc, name, help, None, MetricType::Counter, series)
+}
+
+/// A gauge family.
+fn gauges<L: EncodeLabelSet, N: EncodeGaugeValue>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    series: impl IntoIterator<Item = (L, N)>,
+) -> fmt::Result {
+    let series = series.into_iter().map(|(l, v)| (l, ConstGauge::new(v)));
+    family(enc, name, help, unit, MetricType::Gauge, series)
+}
+
+/// `{replica="<name>"}`.
+fn by_replica(r: &ReplicaSnapshot) -> [(&'static str, &str); 1] {
+    [("replica", r.name.as_str())]
+}
+
+impl SnapshotCollector {
+    /// A counter per replica.
+    fn replica_counter(
+        &self,
+        enc: &mut DescriptorEncoder<'_>,
+        name: &str,
+        help: &str,
+        value: impl Fn(&ReplicaSnapshot) -> u64,
+    ) -> fmt::Result {
+        counters(enc, name, help, self.0.replicas.iter().map(|r| (by_replica(r), value(r))))
+    }
+
+    /// A gauge per replica, left out where `value` gives `None`.
+    fn replica_gauge<N: EncodeGaugeValue>(
+        &self,
+        enc: &mut DescriptorEncoder<'_>,
+        name: &str,
+        help: &str,
+        unit: Option<&Unit>,
+        value: impl Fn(&ReplicaSnapshot) -> Option<N>,
+    ) -> fmt::Result {
+        let series = self.0.replicas.iter().filter_map(|r| Some((by_replica(r), value(r)?)));
+        gauges(enc, name, help, unit, series)
+    }
+
+    /// A gauge per replica and tier.
+    fn tier_gauge(
+        &self,
+        enc: &mut DescriptorEncoder<'_>,
+        name: &str,
+        help: &str,
+        value: impl Fn(&ReplicaSnapshot) -> [u64; 3],
+    ) -> fmt::Result {
+        let series = self.0.replicas.iter().flat_map(|r| {
+            TIERS
+                .iter()
+                .zip(value(r))
+                .map(|(&tier, v)| ([("replica", r.name.as_str()), ("tier", tier)], v))
+        });
+        gauges(enc, name, help, None, series)
+    }
+
+    fn encode_replicas(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let replicas = &self.0.replicas;
+        let health = replicas.iter().flat_map(|r| {
+            HEALTH_STATES.iter().map(|&state| {
+                ([("replica", r.name.as_str()), ("state", state)], u64::from(r.health == state))
+            })
+        });
+        gauges(enc, "replica_health", "1 for the replica's current health state", None, health)?;
+        self.replica_gauge(
+            enc,
+            "replica_draining",
+            "1 while the replica is draining",
+            None,
+            |r| Some(u64::from(r.draining)),
+        )?;
+        self.replica_gauge(
+            enc,
+            "replica_problems",
+            "Problems found with the replica",
+            None,
+            |r| Some(r.problems.len() as u64),
+        )?;
+
+        self.tier_gauge(
+            enc,
+            "index_blocks",
+            "Blocks the index holds for the replica, by tier",
+            |r| r.index_blocks,
+        )?;
+        self.tier_gauge(
+            enc,
+            "replica_capacity_blocks",
+            "KV capacity reported by the engine, blocks, by tier (0 unknown)",
+            |r| r.capacity_blocks,
+        )?;
+
+        self.replica_counter(enc, "events", "KV events applied", |r| r.events)?;
+        self.replica_counter(enc, "event_batches", "KV event batches applied", |r| {
+            r.event_batches
+        })?;
+        self.replica_counter(enc, "event_gaps", "Gaps detected in the event stream", |r| {
+            r.event_gaps
+        })?;
+        self.replica_counter(
+            enc,
+            "event_replayed_batches",
+            "Event batches recovered through replay",
+            |r| r.event_replayed_batches,
+        )?;
+        self.replica_counter(enc, "event_resets", "Resets of the replica's index view", |r| {
+            r.event_resets
+        })?;
+        self.replica_counter(enc, "event_decode_errors", "Undecodable event payloads", |r| {
+            r.event_decode_errors
+        })?;
+        self.replica_counter(enc, "event_reconnects", "Event subscriber reconnects", |r| {
+            r.event_reconnects
+        })?;
+
+        self.replica_gauge(
+            enc,
+            "ledger_pending_prefill_tokens",
+            "Prefill tokens booked and not yet started",
+            None,
+            |r| Some(r.pending_prefill_tokens),
+        )?;
+        let stages = replicas.iter().flat_map(|r| {
+            [("prefill", r.prefill_requests), ("decoding", r.decoding_requests)]
+                .map(|(stage, n)| ([("replica", r.name.as_str()), ("stage", stage)], n))
+        });
+        gauges(enc, "ledger_requests", "Requests booked, by stage", None, stages)?;
+        self.replica_gauge(
+            enc,
+            "ledger_drift",
+            "Ledger requests minus engine-reported requests at the last report",
+            None,
+            |r| Some(r.ledger_drift),
+        )?;
+        self.replica_gauge(
+            enc,
+            "calibrated_prefill_tokens_per_second",
+            "Calibrated prefill speed",
+            None,
+            |r| Some(r.prefill_tokens_per_s),
+        )?;
+        self.replica_gauge(
+            enc,
+            "calibrated_overhead",
+            "Calibrated fixed per-request overhead",
+            Some(&Unit::Seconds),
+            |r| Some(r.overhead_s),
+        )?;
+
+        self.replica_gauge(enc, "engine_running", "Engine-reported running requests", None, |r| {
+            r.engine_running
+        })?;
+        self.replica_gauge(enc, "engine_waiting", "Engine-reported waiting requests", None, |r| {
+            r.engine_waiting
+        })?;
+        self.replica_gauge(
+            enc,
+            "engine_kv_usage",
+            "Engine-reported KV cache usage, 0 to 1",
+            None,
+            |r| r.engine_kv_usage,
+        )?;
+        let queries =
+            replicas.iter().filter_map(|r| Some((by_replica(r), r.engine_prefix_queries?)));
+        counters(
+            enc,
+            "engine_prefix_cache_queries_tokens",
+            "Engine-reported prefix cache queries, tokens",
+            queries,
+        )?;
+        let hits = replicas.iter().filter_map(|r| Some((by_replica(r), r.engine_prefix_hits?)));
+        counters(
+            enc,
+            "engine_prefix_cache_hits_tokens",
+            "Engine-reported prefix cache hits, tokens",
+            hits,
+        )?;
+        self.replica_gauge(
+            enc,
+            "engine_prefix_cache_hit_ratio",
+            "Engine-reported prefix cache hits / queries, lifetime",
+            None,
+            |r| match (r.engine_prefix_hits, r.engine_prefix_queries) {
+                (Some(h), Some(q)) if q > 0 => Some(h as f64 / q as f64),
+                _ => None,
+            },
+        )?;
+
+        self.replica_counter(enc, "routed", "Requests routed to the replica by this ingress", |r| {
+            r.routed
+        })
+    }
+
+    fn encode_fleet(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let s = &self.0;
+        let none = |v| [(NO_LABELS, v)];
+        gauges(enc, "index_bytes", "Index memory estimate, bytes", None, none(s.index_bytes))?;
+        gauges(
+            enc,
+            "index_distinct_keys",
+            "Distinct block keys in the index",
+            None,
+            none(s.index_distinct_keys),
+        )?;
+
+        let l = &s.ledger;
+        counters(enc, "ledger_bookings", "Ledger bookings made", none(l.booked))?;
+        let releases = [
+            ("finished", l.finished),
+            ("cancelled", l.cancelled),
+            ("errored", l.errored),
+            ("dropped", l.dropped),
+            ("expired", l.expired),
+            ("reconciled", l.reconciled),
+            ("replica_removed", l.replica_removed),
+            ("peer_gone", l.peer_gone),
+        ]
+        .map(|(reason, v)| ([("reason", reason)], v));
+        counters(enc, "ledger_releases", "Ledger releases, by reason", releases)?;
+        counters(
+            enc,
+            "ledger_late_updates",
+            "Updates for bookings no longer in the ledger",
+            none(l.late_updates),
+        )?;
+        gauges(enc, "ledger_in_flight", "Bookings in flight", None, none(s.in_flight))?;
+
+        let decisions = ["routed", "wait", "rejected"]
+            .into_iter()
+            .zip(s.decisions)
+            .map(|(outcome, v)| ([("outcome", outcome)], v));
+        counters(enc, "decisions", "Routing decisions, by outcome", decisions)?;
+
+        let t = &s.tentative;
+        let tentative = [
+            ("added", t.added),
+            ("confirmed", t.confirmed),
+            ("expired_unconfirmed", t.expired_unconfirmed),
+            ("overflow", t.overflow),
+        ]
+        .map(|(outcome, v)| ([("outcome", outcome)], v));
+        counters(enc, "tentative_blocks", "Tentative blocks, by outcome", tentative)?;
+        gauges(enc, "tentative_blocks_live", "Tentative blocks live now", None, none(t.live))?;
+
+        let cpu = [(NO_LABELS, ConstCounter::new(s.cpu_seconds))];
+        family(
+            enc,
+            "process_cpu",
+            "CPU time used by this process, user + system",
+            Some(&Unit::Seconds),
+            MetricType::Counter,
+            cpu,
+        )?;
+        gauges(enc, "uptime", "Time since start", Some(&Unit::Seconds), [(NO_LABELS, s.uptime_s)])
+    }
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        self.encode_replicas(&mut encoder)?;
+        self.encode_fleet(&mut encoder)
+    }
+}
+
+/// CPU time used by this process so far, user + system, in seconds; 0.0 where
+/// it cannot be read.
+///
+/// Reads fields 14 (`utime`) and 15 (`stime`) of `/proc/self/stat`, which count
+/// clock ticks. The tick is assumed to be 100 Hz: `sysconf(_SC_CLK_TCK)` is 100
+/// on every Linux architecture the kernel's user ABI exposes (`USER_HZ`), and
+/// reading it would take `libc` and `unsafe`. Off Linux the file does not exist
+/// and this returns 0.0.
+pub(crate) fn process_cpu_seconds() -> f64 {
+    const CLOCK_TICKS_PER_SECOND: f64 = 100.0;
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
+    // `pid (comm) state ppid …`: `comm` may contain spaces and parentheses,
+    // so fields are counted from the last `)`. After it, `state` is field 3.
+    let Some((_, rest)) = stat.rsplit_once(')') else { return 0.0 };
+    let mut fields = rest.split_ascii_whitespace().skip(14 - 3);
+    let ticks = |f: Option<&str>| f.and_then(|v| v.parse::<u64>().ok());
+    match (ticks(fields.next()), ticks(fields.next())) {
+        (Some(utime), Some(stime)) => (utime + stime) as f64 / CLOCK_TICKS_PER_SECOND,
+        _ => 0.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvgate_router::{LedgerTotals, TentativeStats};
+
+    fn replica(name: &str) -> ReplicaSnapshot {
+        ReplicaSnapshot {
+            name: name.into(),
+            url: format!("http://{name}:8000"),
+            ..Default::default()
+        }
+    }
+
+    fn snapshot() -> FleetSnapshot {
+        let a = ReplicaSnapshot {
+            health: "healthy",
+            index_blocks: [12, 3, 0],
+            capacity_blocks: [1000, 4000, 0],
+            problems: vec!["block size mismatch".into(), "no events".into()],
+            events: 40,
+            event_batches: 7,
+            event_gaps: 1,
+            event_replayed_batches: 2,
+            event_resets: 3,
+            event_decode_errors: 4,
+            event_reconnects: 5,
+            pending_prefill_tokens: 512,
+            prefill_requests: 2,
+            decoding_requests: 6,
+            ledger_drift: -3,
+            prefill_tokens_per_s: 8000.5,
+            overhead_s: 0.025,
+            engine_running: Some(6),
+            engine_waiting: Some(1),
+            engine_kv_usage: Some(0.5),
+            engine_prefix_queries: Some(200),
+            engine_prefix_hits: Some(50),
+            routed: 9,
+            ..replica("a")
+        };
+        let b = ReplicaSnapshot { health: "down", draining: true, ..replica("b") };
+        FleetSnapshot {
+            replicas: vec![a, b],
+            index_bytes: 4096,
+            index_distinct_keys: 15,
+            ledger: LedgerTotals {
+                booked: 11,
+                finished: 5,
+                cancelled: 1,
+                errored: 2,
+                peer_gone: 3,
+                late_updates: 4,
+                ..Default::default()
+            },
+            in_flight: 8,
+            decisions: [10, 2, 1],
+            tentative: TentativeStats {
+                added: 30,
+                confirmed: 20,
+                expired_unconfirmed: 5,
+                overflow: 1,
+                live: 4,
+            },
+            cpu_seconds: 1.5,
+            uptime_s: 60.0,
+        }
+    }
+
+    fn lines(text: &str) -> Vec<&str> {
+        text.lines().collect()
+    }
+
+    fn assert_has(text: &str, expected: &[&str]) {
+        let got = lines(text);
+        for line in expected {
+            assert!(got.contains(line), "missing line {line:?} in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn snapshot_series() {
+        let text = Metrics::new().render(&snapshot());
+        assert_has(
+            &text,
+            &[
+                "# TYPE kvgate_replica_health gauge",
+                r#"kvgate_replica_health{replica="a",state="healthy"} 1"#,
+                r#"kvgate_replica_health{replica="a",state="degraded"} 0"#,
+                r#"kvgate_replica_health{replica="b",state="down"} 1"#,
+                r#"kvgate_replica_health{replica="b",state="healthy"} 0"#,
+                r#"kvgate_replica_draining{replica="a"} 0"#,
+                r#"kvgate_replica_draining{replica="b"} 1"#,
+                r#"kvgate_replica_problems{replica="a"} 2"#,
+                r#"kvgate_index_blocks{replica="a",tier="gpu"} 12"#,
+                r#"kvgate_index_blocks{replica="a",tier="cpu"} 3"#,
+                r#"kvgate_index_blocks{replica="b",tier="storage"} 0"#,
+                r#"kvgate_replica_capacity_blocks{replica="a",tier="cpu"} 4000"#,
+                "kvgate_index_bytes 4096",
+                "kvgate_index_distinct_keys 15",
+                "# TYPE kvgate_events counter",
+                r#"kvgate_events_total{replica="a"} 40"#,
+                r#"kvgate_event_batches_total{replica="a"} 7"#,
+                r#"kvgate_event_gaps_total{replica="a"} 1"#,
+                r#"kvgate_event_replayed_batches_total{replica="a"} 2"#,
+                r#"kvgate_event_resets_total{replica="a"} 3"#,
+                r#"kvgate_event_decode_errors_total{replica="a"} 4"#,
+                r#"kvgate_event_reconnects_total{replica="a"} 5"#,
+                r#"kvgate_event_reconnects_total{replica="b"} 0"#,
+                r#"kvgate_ledger_pending_prefill_tokens{replica="a"} 512"#,
+                r#"kvgate_ledger_requests{replica="a",stage="prefill"} 2"#,
+                r#"kvgate_ledger_requests{replica="a",stage="decoding"} 6"#,
+                r#"kvgate_ledger_drift{replica="a"} -3"#,
+                r#"kvgate_calibrated_prefill_tokens_per_second{replica="a"} 8000.5"#,
+                "# UNIT kvgate_calibrated_overhead_seconds seconds",
+                r#"kvgate_calibrated_overhead_seconds{replica="a"} 0.025"#,
+                r#"kvgate_engine_running{replica="a"} 6"#,
+                r#"kvgate_engine_waiting{replica="a"} 1"#,
+                r#"kvgate_engine_kv_usage{replica="a"} 0.5"#,
+                r#"kvgate_engine_prefix_cache_queries_tokens_total{replica="a"} 200"#,
+                r#"kvgate_engine_prefix_cache_hits_tokens_total{replica="a"} 50"#,
+                r#"kvgate_engine_prefix_cache_hit_ratio{replica="a"} 0.25"#,
+                r#"kvgate_routed_total{replica="a"} 9"#,
+                "kvgate_ledger_bookings_total 11",
+                r#"kvgate_ledger_releases_total{reason="finished"} 5"#,
+                r#"kvgate_ledger_releases_total{reason="peer_gone"} 3"#,
+                r#"kvgate_ledger_releases_total{reason="replica_removed"} 0"#,
+                "kvgate_ledger_late_updates_total 4",
+                "kvgate_ledger_in_flight 8",
+                r#"kvgate_decisions_total{outcome="routed"} 10"#,
+                r#"kvgate_decisions_total{outcome="wait"} 2"#,
+                r#"kvgate_decisions_total{outcome="rejected"} 1"#,
+                r#"kvgate_tentative_blocks_total{outcome="added"} 30"#,
+                r#"kvgate_tentative_blocks_total{outcome="expired_unconfirmed"} 5"#,
+                r#"kvgate_tentative_blocks_total{outcome="overflow"} 1"#,
+                "kvgate_tentative_blocks_live 4",
+                "# TYPE kvgate_process_cpu_seconds counter",
+                "kvgate_process_cpu_seconds_total 1.5",
+                "kvgate_uptime_seconds 60.0",
+            ],
+        );
+        // Engine figures of a replica that reported none are left out.
+        for absent in [
+            r#"kvgate_engine_running{replica="b"}"#,
+            r#"kvgate_engine_kv_usage{replica="b"}"#,
+            r#"kvgate_engine_prefix_cache_queries_tokens_total{replica="b"}"#,
+            r#"kvgate_engine_prefix_cache_hit_ratio{replica="b"}"#,
+        ] {
+            assert!(!text.contains(absent), "unexpected {absent:?} in:\n{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1);
+    }
+
+    #[test]
+    fn no_replicas_no_engine_families() {
+        let text = Metrics::new().render(&FleetSnapshot::default());
+        assert!(!text.contains("kvgate_replica_health"), "{text}");
+        assert!(!text.contains("kvgate_engine_prefix_cache_hit_ratio"), "{text}");
+        assert_has(&text, &["kvgate_index_bytes 0", "kvgate_ledger_in_flight 0", "# EOF"]);
+    }
+
+    #[test]
+    fn recording_shows_up() {
+        let m = Metrics::new();
+        m.request("chat", 200, "a");
+        m.request("chat", 200, "a");
+        m.request("completions", 503, "");
+        m.ttft("chat", 0.2);
+        m.ttft("chat", f64::NAN);
+        m.e2e("chat", 3.0);
+        m.tokenize_time(0.000_03);
+        m.decide_time(0.000_002);
+        m.decide_time(-1.0);
+        m.prompt_tokens(1000, 750);
+        m.prompt_tokens(24, 0);
+        m.retry("connect");
+        m.stream_error("client_disconnect");
+        m.rejected("all_busy");
+        m.rejected("all_busy");
+        let text = m.render(&snapshot());
+        assert_has(
+            &text,
+            &[
+                "# TYPE kvgate_requests counter",
+                r#"kvgate_requests_total{route="chat",status="200",replica="a"} 2"#,
+                r#"kvgate_requests_total{route="completions",status="503",replica=""} 1"#,
+                "# TYPE kvgate_time_to_first_token_seconds histogram",
+                "# UNIT kvgate_time_to_first_token_seconds seconds",
+                r#"kvgate_time_to_first_token_seconds_bucket{le="0.1",route="chat"} 0"#,
+                r#"kvgate_time_to_first_token_seconds_bucket{le="0.25",route="chat"} 1"#,
+                r#"kvgate_time_to_first_token_seconds_bucket{le="+Inf",route="chat"} 1"#,
+                r#"kvgate_time_to_first_token_seconds_count{route="chat"} 1"#,
+                r#"kvgate_time_to_first_token_seconds_sum{route="chat"} 0.2"#,
+                r#"kvgate_request_duration_seconds_bucket{le="5.0",route="chat"} 1"#,
+                r#"kvgate_request_duration_seconds_count{route="chat"} 1"#,
+                "# TYPE kvgate_tokenize_seconds histogram",
+                r#"kvgate_tokenize_seconds_bucket{le="0.00001"} 0"#,
+                r#"kvgate_tokenize_seconds_bucket{le="0.00005"} 1"#,
+                r#"kvgate_tokenize_seconds_bucket{le="1.0"} 1"#,
+                "kvgate_tokenize_seconds_count 1",
+                "# TYPE kvgate_decide_seconds histogram",
+                r#"kvgate_decide_seconds_bucket{le="0.000001"} 1"#,
+                r#"kvgate_decide_seconds_bucket{le="0.0000025"} 2"#,
+                r#"kvgate_decide_seconds_bucket{le="0.01"} 2"#,
+                "kvgate_decide_seconds_count 2",
+                "kvgate_decide_seconds_sum 0.000002",
+                "kvgate_prompt_tokens_total 1024",
+                "kvgate_predicted_cached_tokens_total 750",
+                r#"kvgate_retries_total{reason="connect"} 1"#,
+                r#"kvgate_retries_total{reason="timeout"} 0"#,
+                r#"kvgate_stream_errors_total{reason="client_disconnect"} 1"#,
+                r#"kvgate_stream_errors_total{reason="upstream"} 0"#,
+                r#"kvgate_rejected_total{reason="all_busy"} 2"#,
+                r#"kvgate_rejected_total{reason="invalid"} 0"#,
+                // The snapshot's series follow in the same exposition.
+                r#"kvgate_index_blocks{replica="a",tier="gpu"} 12"#,
+            ],
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        // Every family is described once.
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+        let mut unique = types.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(types.len(), unique.len(), "{text}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let snap = FleetSnapshot { replicas: vec![replica("we\"ird\\name")], ..Default::default() };
+        let text = Metrics::new().render(&snap);
+        assert!(text.contains(r#"kvgate_routed_total{replica="we\"ird\\name"} 0"#), "{text}");
+    }
+
+    #[test]
+    fn content_type_is_openmetrics() {
+        assert!(CONTENT_TYPE.starts_with("application/openmetrics-text; version=1.0.0"));
+    }
+
+    #[test]
+    fn cpu_seconds_grow_with_work() {
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed() < std::time::Duration::from_millis(150) {
+            for i in 0..10_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+        }
+        std::hint::black_box(x);
+        let cpu = process_cpu_seconds();
+        if cfg!(target_os = "linux") {
+            assert!(cpu > 0.0, "{cpu}");
+        }
+        assert!(cpu.is_finite() && cpu >= 0.0);
+    }
+}

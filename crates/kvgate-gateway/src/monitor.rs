@@ -1,0 +1,147 @@
+//! Watching each replica: `GET /health` and `GET /metrics` on an interval.
+//! Metrics feed the router (load, KV usage, capacity, reconciliation) and
+//! check the configured block size; failed probes take a replica out of
+//! rotation, and after `purge_after_ms` out of rotation its index entries are
+//! purged. When it answers again it comes back (degraded while its view is
+//! rebuilt if it was purged).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvgate_router::EngineReport;
+
+use crate::scrape::{parse_engine_metrics, EngineScrape};
+use crate::state::{lock, write, Replica, Shared};
+
+/// Probes `replica` until it is stopped.
+pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) {
+    let m = &shared.config.monitor;
+    let mut tick = tokio::time::interval(Duration::from_millis(
+        m.health_interval_ms.min(m.metrics_interval_ms),
+    ));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stop = replica.stop.subscribe();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = async { let _ = stop.wait_for(|v| *v).await; } => return,
+        }
+        probe_once(&shared, &replica).await;
+    }
+}
+
+/// One probe: `/health`, then `/metrics`.
+pub(crate) async fn probe_once(shared: &Shared, replica: &Replica) {
+    let timeout = Duration::from_millis(shared.config.monitor.probe_timeout_ms);
+    let health = get(shared, replica, "/health", timeout).await;
+    let now = Instant::now();
+    match health {
+        Ok(_) => {
+            let metrics = get(shared, replica, "/metrics", timeout).await;
+            let scrape = metrics.and_then(|t| parse_engine_metrics(&t));
+            on_success(shared, replica, scrape, now);
+        }
+        Err(e) => {
+            shared.note_failure(replica, e, now);
+            purge_if_long_down(shared, replica, now);
+        }
+    }
+}
+
+async fn get(
+    shared: &Shared,
+    replica: &Replica,
+    path: &str,
+    timeout: Duration,
+) -> Result<String, String> {
+    let mut req = shared.client.get(format!("{}{path}", replica.base)).timeout(timeout);
+    if let Some(k) = &replica.config.api_key {
+        req = req.bearer_auth(k);
+    }
+    let resp = req.send().await.map_err(|e| format!("GET {path}: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("GET {path}: HTTP {}", resp.status()));
+    }
+    resp.text().await.map_err(|e| format!("GET {path}: {e}"))
+}
+
+fn on_success(
+    shared: &Shared,
+    replica: &Replica,
+    scrape: Result<EngineScrape, String>,
+    now: Instant,
+) {
+    let rebuild = Duration::from_millis(shared.config.monitor.rebuild_ms);
+    {
+        let mut s = lock(&replica.status);
+        if !s.probe_ok {
+            tracing::info!(replica = %replica.name, "replica in rotation");
+            if s.purged {
+                s.degraded = Some(("view purged while down; rebuilding".into(), now + rebuild));
+                s.purged = false;
+            }
+        }
+        s.probe_ok = true;
+        s.ever_seen = true;
+        s.failures = 0;
+        s.down_since = None;
+        match &scrape {
+            Ok(e) => {
+                if let Some(bs) = e.block_size.filter(|&b| b != replica.config.block_size) {
+                    let p = format!(
+                        "engine reports block_size {bs} but kvgate is configured with {}",
+                        replica.config.block_size
+                    );
+                    s.problem(&replica.name, p);
+                }
+                s.engine = Some(e.clone());
+            }
+            Err(err) => s.last_error = Some(err.clone()),
+        }
+        if replica.config.events.is_none() {
+            s.problem(
+                &replica.name,
+                "no KV event stream configured (events=tcp://…): routed by load only".into(),
+            );
+        }
+    }
+    shared.sync_health(replica, now);
+    if let Ok(e) = scrape {
+        let mut router = lock(&shared.router);
+        if let (Some(cap), Some((info, _))) = (e.num_gpu_blocks, router.replica(replica.id)) {
+            if info.capacity_blocks[0] != cap
+                || info.capacity_blocks[1] != e.num_cpu_blocks.unwrap_or(0)
+            {
+                let mut info = info.clone();
+                info.capacity_blocks[0] = cap;
+                info.capacity_blocks[1] = e.num_cpu_blocks.unwrap_or(0);
+                let _ = router.update_info(replica.id, info);
+            }
+        }
+        let report = EngineReport {
+            running: e.running,
+            waiting: e.waiting,
+            kv_usage: e.kv_usage,
+            prefix_cache_queries: e.prefix_queries,
+            prefix_cache_hits: e.prefix_hits,
+            at: now,
+        };
+        let _ = router.report(replica.id, report);
+    }
+}
+
+/// Purges the index entries of a replica out of rotation for too long: its
+/// cache is probably gone (a crash), and stale entries would attract traffic
+/// when it returns.
+fn purge_if_long_down(shared: &Shared, replica: &Replica, now: Instant) {
+    let purge_after = Duration::from_millis(shared.config.monitor.purge_after_ms);
+    let due = {
+        let s = lock(&replica.status);
+        !s.purged && s.down_since.is_some_and(|t| now.saturating_duration_since(t) >= purge_after)
+    };
+    if due {
+        let n = write(&shared.index).clear_replica(replica.id).unwrap_or(0);
+        lock(&replica.status).purged = true;
+        tracing::warn!(replica = %replica.name, blocks = n, "purged the index entries of a replica out of rotation");
+    }
+}

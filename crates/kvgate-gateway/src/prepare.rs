@@ -1,0 +1,259 @@
+//! From a client body to what routing and forwarding need: parse, check the
+//! model and limits, render and tokenize (on the tokenizer pool), compute
+//! block keys, and build the body with the prompt tokens for engines that
+//! take them.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use kvgate_index::{block_keys, BlockKey};
+use kvgate_openai::{ChatCompletionRequest, CompletionRequest, ErrorResponse, Prompt};
+use kvgate_tokenize::{ChatRequest, Endpoint, TokenizeError};
+
+use crate::config::Passthrough;
+use crate::state::Shared;
+
+/// The two generation routes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    Chat,
+    Completions,
+}
+
+impl Route {
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Route::Chat => "/v1/chat/completions",
+            Route::Completions => "/v1/completions",
+        }
+    }
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Route::Chat => "chat",
+            Route::Completions => "completions",
+        }
+    }
+}
+
+/// A request ready to route.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub(crate) route: Route,
+    /// Prompt token ids, when kvgate could compute them.
+    pub(crate) tokens: Option<Vec<u32>>,
+    pub(crate) prompt_tokens: u64,
+    pub(crate) keys: Vec<BlockKey>,
+    pub(crate) max_output: Option<u32>,
+    pub(crate) stream: bool,
+    pub(crate) session_key: Option<String>,
+    /// The client's body, byte for byte.
+    pub(crate) original: Bytes,
+    /// The body carrying the prompt tokens (chat: `kv_transfer_params`).
+    pub(crate) with_tokens: Option<Bytes>,
+}
+
+impl Prepared {
+    /// The body a replica with `mode` gets.
+    pub(crate) fn body_for(&self, mode: Passthrough) -> Bytes {
+        let use_tokens = match (self.route, mode) {
+            (_, Passthrough::None) => false,
+            (Route::Chat, Passthrough::TokenPrompt) => false,
+            (_, _) => true,
+        };
+        match (&self.with_tokens, use_tokens) {
+            (Some(b), true) => b.clone(),
+            _ => self.original.clone(),
+        }
+    }
+}
+
+/// A client error, already in OpenAI's shape (boxed: it is large and
+/// travels in `Result`s).
+pub(crate) type Reject = Box<ErrorResponse>;
+
+fn invalid(msg: impl Into<String>) -> ErrorResponse {
+    ErrorResponse::invalid_request(msg)
+}
+
+fn bad(msg: impl Into<String>) -> Reject {
+    Box::new(invalid(msg))
+}
+
+fn check_model(shared: &Shared, model: Option<&str>) -> Result<(), Reject> {
+    match model {
+        Some(m) if m != shared.config.model.served_name => {
+            let e = ErrorResponse::not_found(format!("The model `{m}` does not exist."));
+            Err(Box::new(e.with_param("model")))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn check_length(shared: &Shared, prompt: usize, max_output: Option<u32>) -> Result<(), Reject> {
+    let max = shared.config.model.max_model_len as usize;
+    let out = max_output.unwrap_or(0) as usize;
+    if prompt + out > max {
+        return Err(Box::new(
+            invalid(format!(
+                "This model's maximum context length is {max} tokens. However, you requested \
+             {} tokens ({prompt} in the messages, {out} in the completion). Please reduce the \
+             length of the messages or completion.",
+                prompt + out
+            ))
+            .with_param("messages"),
+        ));
+    }
+    Ok(())
+}
+
+fn session_key(extra: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+    extra.get("user").and_then(|v| v.as_str()).map(str::to_owned)
+}
+
+fn max_output(v: Option<u64>) -> Option<u32> {
+    v.map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// Chat: the engine's own rendering rules, then the tokens.
+pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Reject> {
+    let req = ChatCompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
+    req.validate().map_err(|e| bad(e.to_string()))?;
+    check_model(shared, req.model())?;
+    if req.messages.len() > shared.config.limits.max_messages {
+        return Err(Box::new(
+            invalid(format!(
+                "too many messages: {} (at most {})",
+                req.messages.len(),
+                shared.config.limits.max_messages
+            ))
+            .with_param("messages"),
+        ));
+    }
+    let max_out = max_output(req.max_output_tokens());
+    let tokens = match req.prompt_token_ids() {
+        Some(ids) => Some(ids),
+        None => {
+            let mut chat: ChatRequest =
+                serde_json::from_slice(&body).map_err(|e| bad(e.to_string()))?;
+            chat.endpoint = Endpoint::ChatCompletions;
+            let t = Instant::now();
+            let r = shared.tokenizer.encode_chat(chat).await;
+            shared.metrics.tokenize_time(t.elapsed().as_secs_f64());
+            match r {
+                Ok(ids) => Some(ids),
+                // Content kvgate cannot render (images, audio): the engine
+                // renders it; kvgate routes by load.
+                Err(TokenizeError::Unsupported(why)) => {
+                    tracing::debug!(%why, "not tokenized by kvgate; forwarded as is");
+                    None
+                }
+                Err(e) => return Err(bad(e.to_string())),
+            }
+        }
+    };
+    if let Some(t) = &tokens {
+        check_length(shared, t.len(), max_out)?;
+    }
+    let with_tokens = match &tokens {
+        Some(ids) if req.prompt_token_ids().is_none() => {
+            let mut r = req.clone();
+            r.set_prompt_token_ids(ids).map_err(|e| bad(e.to_string()))?;
+            Some(Bytes::from(r.to_vec().map_err(|e| bad(e.to_string()))?))
+        }
+        _ => None,
+    };
+    Ok(finish(
+        shared,
+        Route::Chat,
+        tokens,
+        max_out,
+        req.is_stream(),
+        session_key(&req.extra),
+        body,
+        with_tokens,
+    ))
+}
+
+/// Completions: text prompts are tokenized as vLLM does (special tokens per
+/// `add_special_tokens`); token prompts are taken as they are.
+pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared, Reject> {
+    let req = CompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
+    check_model(shared, req.model())?;
+    let max_out = max_output(req.max_output_tokens());
+    let add_special = req.add_special_tokens();
+    let prompt = req
+        .prompt
+        .clone()
+        .ok_or_else(|| Box::new(invalid("`prompt` is required").with_param("prompt")))?;
+    let encode = |text: String| async move {
+        let t = Instant::now();
+        let r = shared.tokenizer.encode_prompt(text, add_special).await;
+        shared.metrics.tokenize_time(t.elapsed().as_secs_f64());
+        r.map_err(|e| bad(e.to_string()))
+    };
+    // Batches route by their first prompt; all are forwarded as tokens.
+    let (tokens, batch): (Vec<u32>, Option<Vec<Vec<u32>>>) = match prompt {
+        Prompt::Text(t) => (encode(t).await?, None),
+        Prompt::Tokens(ids) => (ids, None),
+        Prompt::Texts(texts) => {
+            let mut all = Vec::with_capacity(texts.len());
+            for t in texts {
+                all.push(encode(t).await?);
+            }
+            (all.first().cloned().unwrap_or_default(), Some(all))
+        }
+        Prompt::TokenBatches(b) => (b.first().cloned().unwrap_or_default(), Some(b)),
+    };
+    if tokens.is_empty() {
+        return Err(Box::new(invalid("the prompt is empty").with_param("prompt")));
+    }
+    for t in batch.iter().flatten().chain(std::iter::once(&tokens)) {
+        check_length(shared, t.len(), max_out)?;
+    }
+    let mut r = req.clone();
+    match batch {
+        Some(b) => r.prompt = Some(Prompt::TokenBatches(b)),
+        None => r.set_prompt_token_ids(tokens.clone()),
+    }
+    let with_tokens = Some(Bytes::from(r.to_vec().map_err(|e| bad(e.to_string()))?));
+    Ok(finish(
+        shared,
+        Route::Completions,
+        Some(tokens),
+        max_out,
+        req.is_stream(),
+        session_key(&req.extra),
+        body,
+        with_tokens,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    shared: &Shared,
+    route: Route,
+    tokens: Option<Vec<u32>>,
+    max_output: Option<u32>,
+    stream: bool,
+    session_key: Option<String>,
+    original: Bytes,
+    with_tokens: Option<Bytes>,
+) -> Prepared {
+    let (prompt_tokens, keys) = match &tokens {
+        Some(t) => (t.len() as u64, block_keys(t, shared.block_size as usize, None)),
+        // Unknown length: estimate from the body (about 4 bytes per token).
+        None => ((original.len() / 4).max(1) as u64, Vec::new()),
+    };
+    Prepared {
+        route,
+        tokens,
+        prompt_tokens,
+        keys,
+        max_output,
+        stream,
+        session_key,
+        original,
+        with_tokens,
+    }
+}

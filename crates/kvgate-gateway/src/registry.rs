@@ -1,0 +1,87 @@
+//! Adding, draining and removing replicas, at startup and at runtime: the
+//! index, the router and the replica list change together, and each replica
+//! gets its event subscriber and monitor tasks.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use kvgate_events::subscriber::SubscriberMetrics;
+use kvgate_index::ReplicaSpec;
+use kvgate_router::ReplicaInfo;
+use tokio::sync::watch;
+
+use crate::config::ReplicaConfig;
+use crate::state::{lock, read, write, Replica, ReplicaStatus, Shared};
+
+/// Registers `cfg` and starts its tasks.
+pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replica>, String> {
+    let base = cfg.url.trim_end_matches('/').to_owned();
+    let name = cfg.display_name().trim_end_matches('/').to_owned();
+    if cfg.block_size != shared.block_size {
+        return Err(format!(
+            "block_size {} differs from the fleet's {}",
+            cfg.block_size, shared.block_size
+        ));
+    }
+    if read(&shared.replicas).iter().any(|r| r.base == base || r.name == name) {
+        return Err(format!("replica {name} is already registered"));
+    }
+    let id = {
+        let mut index = write(&shared.index);
+        let id = index
+            .add_replica(ReplicaSpec::new(name.clone(), 0, cfg.block_size))
+            .map_err(|e| e.to_string())?;
+        let mut router = lock(&shared.router);
+        if let Err(e) = router.add_replica(id, ReplicaInfo::new(name.clone(), cfg.block_size)) {
+            let _ = index.remove_replica(id);
+            return Err(e.to_string());
+        }
+        // Down until its first probe answers.
+        let _ = router.set_health(id, kvgate_router::Health::Down);
+        id
+    };
+    let (stop, _) = watch::channel(false);
+    let replica = Arc::new(Replica {
+        id,
+        config: cfg,
+        name,
+        base,
+        status: Mutex::new(ReplicaStatus::default()),
+        events: Arc::new(SubscriberMetrics::default()),
+        routed: AtomicU64::new(0),
+        stop,
+    });
+    write(&shared.replicas).push(Arc::clone(&replica));
+    if replica.config.events.is_some() {
+        tokio::spawn(crate::feed::run(Arc::clone(shared), Arc::clone(&replica)));
+    }
+    tokio::spawn(crate::monitor::run(Arc::clone(shared), Arc::clone(&replica)));
+    tracing::info!(
+        replica = %replica.name,
+        events = replica.config.events.as_deref().unwrap_or("none"),
+        replay = replica.config.replay.as_deref().unwrap_or("none"),
+        passthrough = replica.config.passthrough.name(),
+        "replica registered"
+    );
+    Ok(replica)
+}
+
+/// Stops new requests to a replica; in-flight ones finish.
+pub(crate) fn drain(shared: &Shared, replica: &Replica) {
+    lock(&replica.status).draining = true;
+    shared.sync_health(replica, std::time::Instant::now());
+    tracing::info!(replica = %replica.name, "replica draining");
+}
+
+/// Removes a replica: its tasks stop, its bookings are released and its
+/// index entries dropped.
+pub(crate) fn remove(shared: &Shared, replica: &Replica) {
+    let _ = replica.stop.send(true);
+    {
+        let mut index = write(&shared.index);
+        let _ = lock(&shared.router).remove_replica(replica.id);
+        let _ = index.remove_replica(replica.id);
+    }
+    write(&shared.replicas).retain(|r| r.id != replica.id);
+    tracing::info!(replica = %replica.name, "replica removed");
+}

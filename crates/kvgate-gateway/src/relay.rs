@@ -1,0 +1,167 @@
+//! Streaming an engine's SSE answer to the client chunk by chunk, unbuffered
+//! and unchanged, while a copy of the bytes is parsed to see the first token
+//! (the booking moves to decoding, TTFT is measured) and the end.
+//!
+//! The stream never ends silently broken: an engine error, a stall longer
+//! than `stream_idle_timeout_ms`, or an end without `[DONE]` appends a
+//! well-formed SSE error event and `[DONE]`. When the client goes away, the
+//! relay is dropped: the booking is released as cancelled and the upstream
+//! connection closes, which makes vLLM abort the request.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::stream::{BoxStream, Stream, StreamExt};
+use kvgate_openai::sse::{write_done, write_error};
+use kvgate_openai::{ErrorResponse, SseItem, SseParser, StreamTap};
+use kvgate_router::{Booking, Outcome};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::state::{Replica, Shared};
+
+/// Largest single SSE event the tap parses (bigger events pass through but
+/// are not inspected).
+const MAX_EVENT_BYTES: usize = 4 << 20;
+
+pub(crate) struct Relay {
+    shared: Arc<Shared>,
+    route: &'static str,
+    replica: Arc<Replica>,
+    booking: Option<Booking>,
+    upstream: BoxStream<'static, reqwest::Result<Bytes>>,
+    parser: SseParser,
+    items: Vec<SseItem>,
+    tap: StreamTap,
+    t0: Instant,
+    idle: Duration,
+    first_seen: bool,
+    done: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("replica", &self.replica.name)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl Relay {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        route: &'static str,
+        replica: Arc<Replica>,
+        booking: Booking,
+        resp: reqwest::Response,
+        permit: OwnedSemaphorePermit,
+        t0: Instant,
+    ) -> Relay {
+        let idle = Duration::from_millis(shared.config.limits.stream_idle_timeout_ms);
+        Relay {
+            shared,
+            route,
+            replica,
+            booking: Some(booking),
+            upstream: resp.bytes_stream().boxed(),
+            parser: SseParser::new(MAX_EVENT_BYTES),
+            items: Vec::new(),
+            tap: StreamTap::new(),
+            t0,
+            idle,
+            first_seen: false,
+            done: false,
+            _permit: permit,
+        }
+    }
+
+    /// The client-facing body stream.
+    pub(crate) fn into_stream(self) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> {
+        futures_util::stream::unfold(self, |mut r| async move {
+            if r.done {
+                return None;
+            }
+            match tokio::time::timeout(r.idle, r.upstream.next()).await {
+                Ok(Some(Ok(chunk))) => {
+                    r.observe(&chunk);
+                    Some((Ok(chunk), r))
+                }
+                Ok(None) if r.tap.is_done() => {
+                    r.end(Outcome::Finished, None);
+                    None
+                }
+                Ok(None) => {
+                    let e = ErrorResponse::bad_gateway("the engine ended the stream early");
+                    let tail = r.end(Outcome::Error, Some(("upstream", e)));
+                    Some((Ok(tail), r))
+                }
+                Ok(Some(Err(err))) => {
+                    let e = ErrorResponse::bad_gateway(format!("the engine stream failed: {err}"));
+                    let tail = r.end(Outcome::Error, Some(("upstream", e)));
+                    Some((Ok(tail), r))
+                }
+                Err(_) => {
+                    let e = ErrorResponse::timeout(format!(
+                        "the engine sent nothing for {} s",
+                        r.idle.as_secs()
+                    ));
+                    let tail = r.end(Outcome::Error, Some(("idle_timeout", e)));
+                    Some((Ok(tail), r))
+                }
+            }
+        })
+    }
+
+    fn observe(&mut self, chunk: &[u8]) {
+        self.items.clear();
+        // A parse failure only stops inspection; the bytes still pass.
+        if self.parser.feed(chunk, &mut self.items).is_err() {
+            return;
+        }
+        for item in &self.items {
+            self.tap.observe(item);
+        }
+        if !self.first_seen && self.tap.has_output() {
+            self.first_seen = true;
+            let now = Instant::now();
+            if let Some(b) = self.booking.as_mut() {
+                b.first_token(now);
+            }
+            self.shared
+                .metrics
+                .ttft(self.route, now.saturating_duration_since(self.t0).as_secs_f64());
+        }
+    }
+
+    /// Ends the stream; returns the error tail to send, if any.
+    fn end(&mut self, outcome: Outcome, error: Option<(&'static str, ErrorResponse)>) -> Bytes {
+        self.done = true;
+        if let Some(b) = self.booking.take() {
+            b.finish(outcome);
+        }
+        self.shared.metrics.e2e(self.route, self.t0.elapsed().as_secs_f64());
+        let Some((reason, e)) = error else { return Bytes::new() };
+        self.shared.metrics.stream_error(reason);
+        tracing::warn!(replica = %self.replica.name, reason, error = %e.error.message, "stream ended with an error");
+        let mut out = Vec::new();
+        // Terminate a partial event first, so the error parses on its own.
+        if self.parser.buffered_len() > 0 {
+            out.extend_from_slice(b"\n\n");
+        }
+        let _ = write_error(&mut out, &e);
+        write_done(&mut out);
+        Bytes::from(out)
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if let Some(b) = self.booking.take() {
+            // The client went away mid-stream.
+            b.finish(Outcome::Cancelled);
+            self.shared.metrics.stream_error("client_disconnect");
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! Reading an engine's `/metrics` (vLLM's names, FIELD.md §2) into what the
+//! router needs: load, KV usage, prefix-cache counters, and the cache
+//! configuration used to check the configured block size.
+
+use prometheus_parse::{Scrape, Value};
+
+/// What one scrape of a vLLM `/metrics` says.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct EngineScrape {
+    /// `vllm:num_requests_running`, summed over engines (data-parallel ranks).
+    pub(crate) running: u32,
+    /// `vllm:num_requests_waiting`, summed.
+    pub(crate) waiting: u32,
+    /// `vllm:kv_cache_usage_perc` (or the older `gpu_cache_usage_perc`), mean.
+    pub(crate) kv_usage: f64,
+    /// `vllm:prefix_cache_queries_total`, tokens.
+    pub(crate) prefix_queries: u64,
+    /// `vllm:prefix_cache_hits_total`, tokens.
+    pub(crate) prefix_hits: u64,
+    /// `vllm:cache_config_info` label `block_size`.
+    pub(crate) block_size: Option<u32>,
+    /// `vllm:cache_config_info` label `num_gpu_blocks`.
+    pub(crate) num_gpu_blocks: Option<u64>,
+    /// `vllm:cache_config_info` label `num_cpu_blocks`, when set.
+    pub(crate) num_cpu_blocks: Option<u64>,
+}
+
+fn value(v: &Value) -> Option<f64> {
+    match v {
+        Value::Counter(x) | Value::Gauge(x) | Value::Untyped(x) => Some(*x),
+        _ => None,
+    }
+}
+
+/// Parses the text exposition. Fails when none of vLLM's load gauges is
+/// present (the URL is probably not a vLLM server).
+pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineScrape, String> {
+    let lines = text.lines().map(|l| Ok(l.to_owned()));
+    let scrape = Scrape::parse(lines).map_err(|e| format!("unreadable metrics: {e}"))?;
+    let mut out = EngineScrape::default();
+    let mut seen_load = false;
+    let (mut usage_sum, mut usage_n) = (0.0, 0u32);
+    for s in &scrape.samples {
+        let Some(v) = value(&s.value) else { continue };
+        if !v.is_finite() || v < 0.0 {
+            continue;
+        }
+        // Saturating casts: a hostile or broken engine cannot overflow us.
+        match s.metric.as_str() {
+            "vllm:num_requests_running" => {
+                out.running = out.running.saturating_add(v as u32);
+                seen_load = true;
+            }
+            "vllm:num_requests_waiting" => {
+                out.waiting = out.waiting.saturating_add(v as u32);
+                seen_load = true;
+            }
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
+                usage_sum += v.min(1.0);
+                usage_n += 1;
+            }
+            "vllm:prefix_cache_queries_total" | "vllm:prefix_cache_queries" => {
+                out.prefix_queries = out.prefix_queries.saturating_add(v as u64);
+            }
+            "vllm:prefix_cache_hits_total" | "vllm:prefix_cache_hits" => {
+                out.prefix_hits = out.prefix_hits.saturating_add(v as u64);
+            }
+            "vllm:cache_config_info" => {
+                let num = |k: &str| s.labels.get(k).and_then(|x| x.parse::<u64>().ok());
+                out.block_size = num("block_size").and_then(|b| u32::try_from(b).ok());
+                out.num_gpu_blocks = num("num_gpu_blocks");
+                out.num_cpu_blocks = num("num_cpu_blocks").filter(|&n| n > 0);
+            }
+            _ => {}
+        }
+    }
+    if !seen_load {
+        return Err("no vllm:num_requests_running / vllm:num_requests_waiting series".into());
+    }
+    if usage_n > 0 {
+        out.kv_usage = usage_sum / f64::from(usage_n);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VLLM: &str = r#"# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-0.6B"} 3.0
+vllm:num_requests_running{engine="1",model_name="Qwen/Qwen3-0.6B"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-0.6B"} 4.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-0.6B"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="Qwen/Qwen3-0.6B"} 0.75
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 1000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen3-0.6B"} 640.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",num_cpu_blocks="None",num_gpu_blocks="27000",prefix_caching_hash_algo="sha256"} 1.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="m"} 0.0
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 5.0
+vllm:time_to_first_token_seconds_count{model_name="m"} 5.0
+vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5
+"#;
+
+    #[test]
+    fn reads_vllm_names_across_engines() {
+        let s = parse_engine_metrics(VLLM).unwrap();
+        assert_eq!((s.running, s.waiting), (5, 4));
+        assert!((s.kv_usage - 0.5).abs() < 1e-12);
+        assert_eq!((s.prefix_queries, s.prefix_hits), (1000, 640));
+        assert_eq!(s.block_size, Some(16));
+        assert_eq!(s.num_gpu_blocks, Some(27_000));
+        assert_eq!(s.num_cpu_blocks, None);
+    }
+
+    #[test]
+    fn non_vllm_and_garbage_are_errors_not_panics() {
+        assert!(parse_engine_metrics("up 1\n").is_err());
+        assert!(parse_engine_metrics("").is_err());
+        let hostile = "vllm:num_requests_running 1e300\nvllm:num_requests_waiting NaN\n\
+                       vllm:kv_cache_usage_perc -3\n";
+        let s = parse_engine_metrics(hostile).unwrap();
+        assert_eq!((s.running, s.waiting, s.kv_usage), (u32::MAX, 0, 0.0));
+        let _ = parse_engine_metrics("{{{{ \u{0} \n vllm:num_requests_running{a=\"b} 2\n");
+    }
+}

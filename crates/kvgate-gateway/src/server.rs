@@ -1,0 +1,292 @@
+//! Listeners, routes, middleware and the gateway's lifecycle.
+//!
+//! Connections are served by hyper directly (not `axum::serve`) because the
+//! header-read timeout and the header size limit are hyper connection
+//! settings: a slow-loris client cannot hold a connection open by trickling
+//! headers, and oversized headers are refused before any handler runs.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{delete, get, post};
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use kvgate_index::Index;
+use kvgate_openai::ErrorResponse;
+use kvgate_tokenize::prefix_cache::PrefixCacheConfig;
+use kvgate_tokenize::service::{Tokenize, TokenizeService};
+use kvgate_tokenize::ChatTokenizer;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::config::GatewayConfig;
+use crate::error::StartError;
+use crate::forward::error_response;
+use crate::metrics::Metrics;
+use crate::state::{read, Shared};
+use crate::{admin, api, registry};
+
+/// A running gateway.
+#[derive(Debug)]
+pub struct Gateway {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    metrics_addr: Option<SocketAddr>,
+    stop_accepting: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+}
+
+async fn client_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    if crate::auth::client_allowed(&s.config.auth.api_keys, req.headers()) {
+        next.run(req).await
+    } else {
+        s.metrics.rejected("unauthorized");
+        let mut r = error_response(&ErrorResponse::authentication("invalid or missing API key"));
+        r.headers_mut().insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
+        r
+    }
+}
+
+async fn admin_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    if crate::auth::admin_allowed(s.config.auth.admin_key.as_ref(), req.headers()) {
+        next.run(req).await
+    } else {
+        s.metrics.rejected("unauthorized");
+        error_response(&ErrorResponse::authentication("invalid or missing admin key"))
+    }
+}
+
+async fn not_found() -> Response {
+    error_response(&ErrorResponse::not_found("no such route"))
+}
+
+fn admin_routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
+    Router::new()
+        .route("/admin/replicas", get(admin::replicas).post(admin::add_replica))
+        .route("/admin/replicas/{name}/drain", post(admin::drain_replica))
+        .route("/admin/replicas/{name}", delete(admin::remove_replica))
+        .route("/admin/decisions", get(admin::decisions))
+        .layer(middleware::from_fn_with_state(Arc::clone(shared), admin_auth))
+}
+
+fn app(shared: &Arc<Shared>) -> Router {
+    let c = &shared.config;
+    let mut protected = Router::new()
+        .route("/v1/chat/completions", post(api::chat))
+        .route("/v1/completions", post(api::completions))
+        .route("/v1/models", get(api::models))
+        .route("/tokenize", post(api::tokenize))
+        .route("/detokenize", post(api::detokenize));
+    if c.metrics_listen.is_none() {
+        protected = protected.route("/metrics", get(api::metrics));
+    }
+    let protected =
+        protected.layer(middleware::from_fn_with_state(Arc::clone(shared), client_auth));
+    let mut router = Router::new()
+        .merge(protected)
+        .route("/health", get(api::health))
+        .route("/ready", get(api::ready));
+    if c.admin_listen.is_none() {
+        router = router.merge(admin_routes(shared));
+    }
+    router
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(c.limits.max_body_bytes))
+        .with_state(Arc::clone(shared))
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })
+}
+
+/// Accepts connections until `stop` is set; each connection then finishes
+/// its in-flight request and closes.
+fn serve(
+    listener: TcpListener,
+    app: Router,
+    shared: &Shared,
+    stop: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    let limits = &shared.config.limits;
+    let header_timeout = Duration::from_millis(limits.header_read_timeout_ms);
+    // hyper refuses buffers under 8 KiB.
+    let max_buf = limits.max_header_bytes.max(8192);
+    tokio::spawn(async move {
+        let mut stop_accept = stop.clone();
+        loop {
+            let (stream, _) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off, keep serving.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = async { let _ = stop_accept.wait_for(|v| *v).await; } => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let svc = TowerToHyperService::new(app.clone());
+            let mut stop_conn = stop.clone();
+            tokio::spawn(async move {
+                let mut builder = hyper::server::conn::http1::Builder::new();
+                builder
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(header_timeout)
+                    .max_buf_size(max_buf);
+                let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                tokio::pin!(conn);
+                tokio::select! {
+                    _ = conn.as_mut() => {}
+                    _ = async { let _ = stop_conn.wait_for(|v| *v).await; } => {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = conn.await;
+                    }
+                }
+            });
+        }
+    })
+}
+
+impl Gateway {
+    /// Validates `config`, loads the tokenizer, binds every listener,
+    /// registers the replicas and starts their event and monitor tasks.
+    pub async fn start(config: GatewayConfig) -> Result<Gateway, StartError> {
+        config.validate()?;
+        let tokenizer = match &config.model.dir {
+            Some(dir) => ChatTokenizer::from_dir(dir),
+            None => ChatTokenizer::bundled(),
+        }
+        .map_err(|e| StartError::Tokenizer(e.to_string()))?;
+        let threads = match config.model.tokenizer_threads {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n,
+        };
+        let tokenizer = TokenizeService::new(
+            Tokenize::new(tokenizer, Some(PrefixCacheConfig::default())),
+            threads,
+        )
+        .map_err(|e| StartError::Tokenizer(e.to_string()))?;
+        let router = kvgate_router::Router::new(config.router.clone(), Arc::default())
+            .map_err(|e| StartError::Config(crate::error::ConfigError::Invalid(e.to_string())))?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(config.limits.connect_timeout_ms))
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()
+            .map_err(|e| StartError::Client(e.to_string()))?;
+        let block_size = config.replicas.first().map_or(16, |r| r.block_size);
+        let listener = bind(config.listen).await?;
+        let admin_listener = match config.admin_listen {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let metrics_listener = match config.metrics_listen {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let (closing, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            inflight: Arc::new(Semaphore::new(config.limits.max_concurrent_requests)),
+            tokenizer: Arc::new(tokenizer),
+            index: std::sync::RwLock::new(Index::new()),
+            router: std::sync::Mutex::new(router),
+            replicas: std::sync::RwLock::new(Vec::new()),
+            client,
+            metrics: Metrics::new(),
+            started: Instant::now(),
+            block_size,
+            closing,
+            config,
+        });
+        for r in shared.config.replicas.clone() {
+            let name = r.display_name().to_owned();
+            registry::add(&shared, r).map_err(|reason| StartError::Replica { name, reason })?;
+        }
+        let local = |l: &TcpListener| {
+            l.local_addr().map_err(|source| StartError::Bind { addr: shared.config.listen, source })
+        };
+        let addr = local(&listener)?;
+        let admin_addr = admin_listener.as_ref().map(local).transpose()?;
+        let metrics_addr = metrics_listener.as_ref().map(local).transpose()?;
+        let (stop_accepting, stop_rx) = watch::channel(false);
+        let mut servers = vec![serve(listener, app(&shared), &shared, stop_rx.clone())];
+        if let Some(l) = admin_listener {
+            let a = admin_routes(&shared).fallback(not_found).with_state(Arc::clone(&shared));
+            servers.push(serve(l, a, &shared, stop_rx.clone()));
+        }
+        if let Some(l) = metrics_listener {
+            let m = Router::new()
+                .route("/metrics", get(api::metrics))
+                .fallback(not_found)
+                .with_state(Arc::clone(&shared));
+            servers.push(serve(l, m, &shared, stop_rx.clone()));
+        }
+        tracing::info!(
+            %addr,
+            admin = ?admin_addr,
+            metrics = ?metrics_addr,
+            model = %shared.config.model.served_name,
+            policy = %shared.config.router.policy,
+            replicas = shared.config.replicas.len(),
+            "kvgate serving"
+        );
+        if shared.config.auth.api_keys.is_empty() && !addr.ip().is_loopback() {
+            tracing::warn!(%addr, "serving WITHOUT client authentication on a non-loopback address (--allow-unauthenticated)");
+        }
+        Ok(Gateway { shared, addr, admin_addr, metrics_addr, stop_accepting, servers })
+    }
+
+    /// The API address as bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The admin address, when admin has its own listener.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    /// The metrics address, when metrics have their own listener.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Replica names in registration order.
+    pub fn replica_names(&self) -> Vec<String> {
+        read(&self.shared.replicas).iter().map(|r| r.name.clone()).collect()
+    }
+
+    /// Graceful shutdown: new requests get 503, listeners stop accepting,
+    /// in-flight requests get up to `limits.shutdown_grace_ms` to finish,
+    /// then replica tasks stop. Returns how many requests were still in
+    /// flight when the grace period ended.
+    pub async fn shutdown(self) -> usize {
+        let _ = self.shared.closing.send(true);
+        let _ = self.stop_accepting.send(true);
+        let max = self.shared.config.limits.max_concurrent_requests;
+        let grace = Duration::from_millis(self.shared.config.limits.shutdown_grace_ms);
+        let all = u32::try_from(max).unwrap_or(u32::MAX);
+        let drained = tokio::time::timeout(grace, self.shared.inflight.acquire_many(all)).await;
+        let left = match drained {
+            Ok(_) => 0,
+            Err(_) => max.saturating_sub(self.shared.inflight.available_permits()),
+        };
+        for r in read(&self.shared.replicas).iter() {
+            let _ = r.stop.send(true);
+        }
+        for s in self.servers {
+            s.abort();
+        }
+        tracing::info!(left, "kvgate stopped");
+        left
+    }
+}

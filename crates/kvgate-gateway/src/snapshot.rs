@@ -1,0 +1,97 @@
+//! A point-in-time view of the fleet and kvgate's own state, built on demand
+//! for `/metrics`, `/admin/replicas` and the dashboard. Building it takes the
+//! locks briefly; rendering it takes none.
+
+use kvgate_router::{LedgerTotals, TentativeStats};
+use serde::Serialize;
+
+/// One replica.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ReplicaSnapshot {
+    /// Display name.
+    pub name: String,
+    /// Base URL.
+    pub url: String,
+    /// `healthy`, `degraded` or `down` (the router's view).
+    pub health: &'static str,
+    /// Why it is degraded or down, if it is.
+    pub reason: Option<String>,
+    /// Draining: no new requests.
+    pub draining: bool,
+    /// Problems found in its configuration or behaviour (block-size
+    /// mismatch, no event stream, …), reported loudly.
+    pub problems: Vec<String>,
+    /// Configured block size.
+    pub block_size: u32,
+    /// Index blocks held per tier (GPU, CPU, storage).
+    pub index_blocks: [u64; 3],
+    /// KV capacity per tier as reported by the engine (0 unknown).
+    pub capacity_blocks: [u64; 3],
+    /// Event batches applied.
+    pub event_batches: u64,
+    /// Events in them.
+    pub events: u64,
+    /// Gaps detected.
+    pub event_gaps: u64,
+    /// Batches recovered through replay.
+    pub event_replayed_batches: u64,
+    /// View resets.
+    pub event_resets: u64,
+    /// Undecodable payloads.
+    pub event_decode_errors: u64,
+    /// SUB reconnects.
+    pub event_reconnects: u64,
+    /// Whether any event arrived yet.
+    pub events_seen: bool,
+    /// Ledger: pending prefill tokens.
+    pub pending_prefill_tokens: u64,
+    /// Ledger: requests in prefill.
+    pub prefill_requests: u32,
+    /// Ledger: requests decoding.
+    pub decoding_requests: u32,
+    /// Ledger requests minus engine requests at the last report.
+    pub ledger_drift: i64,
+    /// Calibrated prefill speed, tokens/s.
+    pub prefill_tokens_per_s: f64,
+    /// Calibrated fixed overhead, seconds.
+    pub overhead_s: f64,
+    /// Calibration samples.
+    pub calibration_samples: u64,
+    /// Engine-reported running requests (last scrape).
+    pub engine_running: Option<u32>,
+    /// Engine-reported waiting requests.
+    pub engine_waiting: Option<u32>,
+    /// Engine-reported KV usage, 0–1.
+    pub engine_kv_usage: Option<f64>,
+    /// Engine-reported prefix-cache queries (tokens, lifetime).
+    pub engine_prefix_queries: Option<u64>,
+    /// Engine-reported prefix-cache hits (tokens, lifetime).
+    pub engine_prefix_hits: Option<u64>,
+    /// Requests routed here by this ingress.
+    pub routed: u64,
+}
+
+/// The whole fleet plus kvgate's counters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct FleetSnapshot {
+    /// Replicas in registration order.
+    pub replicas: Vec<ReplicaSnapshot>,
+    /// Index memory estimate, bytes.
+    pub index_bytes: u64,
+    /// Distinct block keys in the index.
+    pub index_distinct_keys: u64,
+    /// Ledger lifetime counters.
+    #[serde(skip)]
+    pub ledger: LedgerTotals,
+    /// Bookings in flight.
+    pub in_flight: u64,
+    /// Decisions routed / asked to wait / rejected.
+    pub decisions: [u64; 3],
+    /// Tentative-block counters.
+    #[serde(skip)]
+    pub tentative: TentativeStats,
+    /// This process's CPU time, seconds (user + system).
+    pub cpu_seconds: f64,
+    /// Seconds since start.
+    pub uptime_s: f64,
+}

@@ -1,0 +1,164 @@
+//! `kvgate serve`: builds the gateway config (file, then `--set`, then
+//! flags and their `KVGATE_*` variables), starts simulated replicas when
+//! none are configured, runs the gateway until SIGTERM or ctrl-c, and shuts
+//! it down gracefully.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use kvgate_events::publisher::{loopback_endpoint, PublisherConfig};
+use kvgate_gateway::{Gateway, GatewayConfig, ReplicaConfig};
+use kvgate_sim::server::{start, Replica, ServerConfig};
+use kvgate_sim::{EngineConfig, TimingModel};
+use kvgate_tokenize::service::{Tokenize, TokenizeService};
+use kvgate_tokenize::ChatTokenizer;
+use tokio::net::TcpListener;
+
+use crate::cli::ServeArgs;
+
+/// The effective configuration.
+pub(crate) fn config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
+    let text = match &args.config {
+        Some(p) => {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
+        }
+        None => String::new(),
+    };
+    let mut c = GatewayConfig::from_toml_with_overrides(&text, &args.set).with_context(|| {
+        args.config.as_ref().map_or_else(|| "--set".to_owned(), |p| p.display().to_string())
+    })?;
+    if let Some(a) = args.listen {
+        c.listen = a;
+    }
+    if let Some(a) = args.admin_listen {
+        c.admin_listen = Some(a);
+    }
+    if let Some(a) = args.metrics_listen {
+        c.metrics_listen = Some(a);
+    }
+    if !args.replicas.is_empty() {
+        c.replicas = args
+            .replicas
+            .iter()
+            .filter(|s| !s.trim().is_empty())
+            .map(|s| ReplicaConfig::parse_spec(s))
+            .collect::<Result<_, _>>()?;
+    }
+    if let Some(p) = &args.policy {
+        c.router.policy = p.parse()?;
+    }
+    if let Some(d) = &args.model_dir {
+        c.model.dir = Some(d.clone());
+    }
+    if let Some(n) = &args.served_model_name {
+        c.model.served_name = n.clone();
+    }
+    if !args.api_keys.is_empty() {
+        c.auth.api_keys = args.api_keys.iter().filter(|k| !k.is_empty()).cloned().collect();
+    }
+    if let Some(k) = &args.admin_key {
+        c.auth.admin_key = Some(k.clone());
+    }
+    if args.allow_unauthenticated {
+        c.auth.allow_unauthenticated = true;
+    }
+    if let Some(n) = args.sim_replicas {
+        c.embedded_sims.replicas = n;
+    }
+    c.validate()?;
+    Ok(c)
+}
+
+/// Starts the embedded simulated fleet on loopback and returns it with the
+/// replica entries that point at it.
+async fn embedded_fleet(c: &GatewayConfig) -> anyhow::Result<(Vec<Replica>, Vec<ReplicaConfig>)> {
+    let s = &c.embedded_sims;
+    let timing = TimingModel::preset(&s.timing)
+        .with_context(|| format!("unknown embedded_sims.timing {:?}", s.timing))?;
+    let tokenizer = ChatTokenizer::bundled().context("loading the bundled Qwen3 tokenizer")?;
+    let tokenizer = Arc::new(TokenizeService::new(Tokenize::new(tokenizer, None), 1)?);
+    let mut sims = Vec::new();
+    let mut replicas = Vec::new();
+    for i in 0..s.replicas {
+        let mut events = PublisherConfig::new("tcp://127.0.0.1:0");
+        // Loopback only: bind where vLLM's rule would connect.
+        events.force_bind = true;
+        events.replay_endpoint = Some("tcp://127.0.0.1:0".into());
+        let config = ServerConfig {
+            engine: EngineConfig {
+                num_gpu_blocks: s.num_gpu_blocks,
+                timing: timing.clone(),
+                ..EngineConfig::default()
+            },
+            model: c.model.served_name.clone(),
+            speedup: s.speedup,
+            api_key: None,
+            events: Some(events),
+            default_max_tokens: s.default_max_tokens,
+            faults: Default::default(),
+        };
+        let listener =
+            TcpListener::bind("127.0.0.1:0").await.context("binding a simulated replica")?;
+        let sim = start(config, listener, Arc::clone(&tokenizer))
+            .await
+            .with_context(|| format!("starting simulated replica {i}"))?;
+        let mut r = ReplicaConfig::new(sim.url());
+        r.name = Some(format!("sim-{i}"));
+        if let Some(ep) = sim.events() {
+            r.events = Some(loopback_endpoint(&ep.events));
+            r.replay = ep.replay.as_deref().map(loopback_endpoint);
+        }
+        replicas.push(r);
+        sims.push(sim);
+    }
+    Ok((sims, replicas))
+}
+
+pub(crate) async fn run(mut config: GatewayConfig) -> anyhow::Result<()> {
+    let mut sims = Vec::new();
+    if config.replicas.is_empty() {
+        let (s, r) = embedded_fleet(&config).await?;
+        tracing::info!(
+            replicas = r.len(),
+            timing = %config.embedded_sims.timing,
+            urls = ?r.iter().map(|x| x.url.as_str()).collect::<Vec<_>>(),
+            "no replicas configured: started simulated vLLM replicas (kvgate-sim) on loopback with the bundled Qwen3 tokenizer"
+        );
+        config.replicas = r;
+        sims = s;
+    }
+    let gateway = Gateway::start(config).await?;
+    println!(
+        "kvgate serving on http://{} (admin: {}) with {} replicas",
+        gateway.local_addr(),
+        gateway
+            .admin_addr()
+            .map_or_else(|| "on the API address".to_owned(), |a| format!("http://{a}")),
+        gateway.replica_names().len()
+    );
+    wait_for_signal().await?;
+    tracing::info!("shutting down: draining in-flight requests");
+    let left = gateway.shutdown().await;
+    if left > 0 {
+        tracing::warn!(left, "requests still in flight at the end of the grace period");
+    }
+    for s in sims {
+        s.shutdown().await;
+    }
+    Ok(())
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("waiting for ctrl-c")?,
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c().await.context("waiting for ctrl-c")?;
+    Ok(())
+}
