@@ -13,6 +13,11 @@ use kvgate_tokenize::{ChatRequest, Endpoint, TokenizeError};
 use crate::config::Passthrough;
 use crate::state::Shared;
 
+/// Bodies (or prompts) up to this size are tokenized on the request's own
+/// task (tens of microseconds); larger ones go to the tokenizer pool so that
+/// they never stall the async workers.
+const INLINE_TOKENIZE_BYTES: usize = 2048;
+
 /// The two generation routes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Route {
@@ -138,7 +143,13 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
                 serde_json::from_slice(&body).map_err(|e| bad(e.to_string()))?;
             chat.endpoint = Endpoint::ChatCompletions;
             let t = Instant::now();
-            let r = shared.tokenizer.encode_chat(chat).await;
+            // Small requests tokenize in place: a hop to the pool and back
+            // costs more CPU (two thread wake-ups) than their tokenization.
+            let r = if body.len() <= INLINE_TOKENIZE_BYTES {
+                shared.tokenizer.tokenize().encode_chat(&chat)
+            } else {
+                shared.tokenizer.encode_chat(chat).await
+            };
             shared.metrics.tokenize_time(t.elapsed().as_secs_f64());
             match r {
                 Ok(ids) => Some(ids),
@@ -188,7 +199,11 @@ pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared
         .ok_or_else(|| Box::new(invalid("`prompt` is required").with_param("prompt")))?;
     let encode = |text: String| async move {
         let t = Instant::now();
-        let r = shared.tokenizer.encode_prompt(text, add_special).await;
+        let r = if text.len() <= INLINE_TOKENIZE_BYTES {
+            shared.tokenizer.tokenize().encode_prompt(&text, add_special)
+        } else {
+            shared.tokenizer.encode_prompt(text, add_special).await
+        };
         shared.metrics.tokenize_time(t.elapsed().as_secs_f64());
         r.map_err(|e| bad(e.to_string()))
     };

@@ -202,6 +202,11 @@ pub async fn start(
     });
     let app = http::router(state);
     let (shutdown, mut shutdown_rx) = watch::channel(false);
+    // vLLM's server (uvicorn) sets TCP_NODELAY; without it, small SSE writes
+    // on a kept-alive connection wait for the client's delayed ACK (~40 ms).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let http = tokio::spawn(async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(async move {

@@ -1,0 +1,266 @@
+//! What kvgate costs on the request path, measured side by side in one run:
+//!
+//! 1. added TTFT: streaming chat requests alternately straight to a
+//!    simulated replica and through `kvgate serve`, time to the first SSE
+//!    chunk at the client;
+//! 2. gateway CPU per short non-streamed chat request (CPU time of the
+//!    `kvgate serve` process from /proc, minus its idle CPU over the same
+//!    time);
+//! 3. gateway CPU per 4k-token chat against the CPU of tokenizing that same
+//!    request in-process (parse + render + encode, no prefix cache), with
+//!    distinct conversations so no cache can help.
+//!
+//! ```text
+//! cargo build --release -p kvgate && cargo run --release -p kvgate --example serve_overhead [-- N]
+//! ```
+//!
+//! The simulated replicas run in this process at speedup 1000 (engine time
+//! is negligible); the gateway is the release `kvgate` binary in its own
+//! process, so its CPU is its own.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use kvgate_events::publisher::{loopback_endpoint, PublisherConfig};
+use kvgate_sim::server::{start, Replica, ServerConfig};
+use kvgate_sim::EngineConfig;
+use kvgate_tokenize::service::{Tokenize, TokenizeService};
+use kvgate_tokenize::{ChatRequest, ChatTokenizer, Endpoint};
+use serde_json::json;
+
+// The same allocator as the `kvgate` binary, so that the raw-tokenization
+// baseline is not handicapped by glibc's malloc.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const MODEL: &str = "Qwen/Qwen3-0.6B";
+
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |x| x.1);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields 14 and 15 (utime, stime) are 12 and 13 after the comm field;
+    // Linux reports them in clock ticks of 1/100 s.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// A distinct ~4k-token conversation.
+fn long_chat(i: usize) -> serde_json::Value {
+    let words = ["alpha", "kernel", "cache", "route", "token", "stream", "replica", "prefix"];
+    let mut text = String::new();
+    let mut x = i as u64 * 2654435761 + 1;
+    while text.len() < 24_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        text.push_str(words[(x % 8) as usize]);
+        text.push_str(if x % 11 == 0 { ".\n" } else { " " });
+    }
+    json!([
+        {"role": "system", "content": format!("Session {i}. You are a careful assistant.")},
+        {"role": "user", "content": text},
+    ])
+}
+
+async fn start_sims(n: usize) -> Vec<Replica> {
+    let tok = ChatTokenizer::bundled().unwrap();
+    let tok = Arc::new(TokenizeService::new(Tokenize::new(tok, None), 1).unwrap());
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let mut ev = PublisherConfig::new("tcp://127.0.0.1:0");
+        ev.force_bind = true;
+        ev.replay_endpoint = Some("tcp://127.0.0.1:0".into());
+        let cfg = ServerConfig {
+            engine: EngineConfig { num_gpu_blocks: 65_536, ..EngineConfig::default() },
+            model: MODEL.into(),
+            speedup: 1000.0,
+            events: Some(ev),
+            default_max_tokens: 4,
+            ..ServerConfig::default()
+        };
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        out.push(start(cfg, l, Arc::clone(&tok)).await.unwrap());
+    }
+    out
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn spawn_gateway(sims: &[Replica], port: u16) -> Child {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().and_then(|p| p.parent()).unwrap().join("kvgate");
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--log", "warn"]);
+    for s in sims {
+        let ev = s.events().unwrap();
+        let spec = format!(
+            "{},events={},replay={}",
+            s.url(),
+            loopback_endpoint(&ev.events),
+            loopback_endpoint(ev.replay.as_deref().unwrap())
+        );
+        cmd.args(["--replica", &spec]);
+    }
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run `cargo build --release -p kvgate` first")
+}
+
+async fn ttft(client: &reqwest::Client, url: &str, body: &serde_json::Value) -> f64 {
+    let t = Instant::now();
+    let resp = client.post(url).json(body).send().await.unwrap();
+    assert!(resp.status().is_success(), "{}", resp.status());
+    let mut s = resp.bytes_stream();
+    let mut first = None;
+    while let Some(chunk) = s.next().await {
+        let chunk = chunk.unwrap();
+        if first.is_none() && chunk.windows(5).any(|w| w == b"data:") {
+            first = Some(t.elapsed().as_secs_f64());
+        }
+    }
+    first.unwrap()
+}
+
+#[tokio::main]
+async fn main() {
+    let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(400);
+    let n_long = (n / 4).max(20);
+
+    // 3a. Raw tokenization CPU of the long chats, before anything else runs.
+    let bodies: Vec<Vec<u8>> = (0..n_long)
+        .map(|i| {
+            serde_json::to_vec(&json!({"model": MODEL, "messages": long_chat(i), "max_tokens": 1}))
+                .unwrap()
+        })
+        .collect();
+    let tok = ChatTokenizer::bundled().unwrap();
+    let me = std::process::id().to_string();
+    let mut tokens = 0usize;
+    let c0 = cpu_seconds(&me);
+    for b in &bodies {
+        let mut r: ChatRequest = serde_json::from_slice(b).unwrap();
+        r.endpoint = Endpoint::ChatCompletions;
+        tokens += tok.encode_chat(&r).unwrap().len();
+    }
+    let raw_cpu = (cpu_seconds(&me) - c0) / n_long as f64;
+    let avg_tokens = tokens / n_long;
+
+    let sims = start_sims(2).await;
+    let port = free_port();
+    let mut gw = spawn_gateway(&sims, port);
+    let gw_pid = gw.id().to_string();
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let t0 = Instant::now();
+    while client.get(format!("{base}/ready")).send().await.map(|r| r.status().is_success()).ok()
+        != Some(true)
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "gateway not ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // 1. Added TTFT, interleaved.
+    let short = |i: usize, stream: bool| {
+        json!({"model": MODEL, "stream": stream, "max_tokens": 2,
+               "messages": [{"role": "user", "content": format!("Hello number {i}, how are you?")}]})
+    };
+    let direct_url = format!("{}/v1/chat/completions", sims[0].url());
+    let via_url = format!("{base}/v1/chat/completions");
+    for i in 0..20 {
+        ttft(&client, &direct_url, &short(i, true)).await;
+        ttft(&client, &via_url, &short(i, true)).await;
+    }
+    let (mut direct, mut via) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        direct.push(ttft(&client, &direct_url, &short(i, true)).await * 1e3);
+        via.push(ttft(&client, &via_url, &short(i, true)).await * 1e3);
+    }
+    let (d50, v50) = (pct(&mut direct, 0.5), pct(&mut via, 0.5));
+    let (d90, v90) = (pct(&mut direct, 0.9), pct(&mut via, 0.9));
+
+    // 2. CPU per short non-streamed request, minus idle CPU, sequential and
+    // with 16 concurrent clients (wake-ups amortise under load).
+    let idle_t = Instant::now();
+    let i0 = cpu_seconds(&gw_pid);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_rate = (cpu_seconds(&gw_pid) - i0) / idle_t.elapsed().as_secs_f64();
+    let mut short_cpu = [0.0; 2];
+    for (k, conc) in [1usize, 16].into_iter().enumerate() {
+        let total = n * 4;
+        let c0 = cpu_seconds(&gw_pid);
+        let t = Instant::now();
+        let mut tasks = Vec::new();
+        for w in 0..conc {
+            let (client, url) = (client.clone(), via_url.clone());
+            tasks.push(tokio::spawn(async move {
+                for i in (w..total).step_by(conc) {
+                    let body = json!({"model": MODEL, "max_tokens": 2,
+                        "messages": [{"role": "user", "content": format!("Hello number {i}, how are you?")}]});
+                    let r = client.post(&url).json(&body).send().await.unwrap();
+                    assert!(r.status().is_success());
+                    r.bytes().await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let wall = t.elapsed().as_secs_f64();
+        short_cpu[k] = ((cpu_seconds(&gw_pid) - c0) - idle_rate * wall) / total as f64;
+    }
+
+    // 3b. Gateway CPU per distinct 4k-token chat.
+    let c0 = cpu_seconds(&gw_pid);
+    let t = Instant::now();
+    for b in &bodies {
+        let r = client
+            .post(&via_url)
+            .header("content-type", "application/json")
+            .body(b.clone())
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.status());
+        r.bytes().await.unwrap();
+    }
+    let wall = t.elapsed().as_secs_f64();
+    let long_cpu = ((cpu_seconds(&gw_pid) - c0) - idle_rate * wall) / n_long as f64;
+
+    println!("| What | Measured | Target |");
+    println!("|---|---|---|");
+    println!(
+        "| TTFT p50 direct / via kvgate (added) | {d50:.3} / {v50:.3} ms (+{:.3} ms) | added p50 ≤ 0.5 ms |",
+        v50 - d50
+    );
+    println!("| TTFT p90 direct / via kvgate | {d90:.3} / {v90:.3} ms | |");
+    println!(
+        "| Gateway CPU per short non-streamed chat, 1 / 16 concurrent clients | {:.1} / {:.1} µs (idle {:.2} ms/s subtracted) | ≤ 100 µs |",
+        short_cpu[0] * 1e6,
+        short_cpu[1] * 1e6,
+        idle_rate * 1e3
+    );
+    println!(
+        "| Gateway CPU per distinct {avg_tokens}-token chat vs raw tokenization | {:.0} µs vs {:.0} µs = {:.2}× | ≤ 1.1× |",
+        long_cpu * 1e6,
+        raw_cpu * 1e6,
+        long_cpu / raw_cpu
+    );
+    println!("({n} TTFT pairs, {} short requests per row, {n_long} long chats)", n * 4);
+    let _ = gw.kill();
+    let _ = gw.wait();
+}
