@@ -11,7 +11,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvgate_openai::ErrorResponse;
-use kvgate_tokenize::ChatRequest;
 use serde_json::{json, Value};
 
 use crate::forward::{error_response, forward};
@@ -51,7 +50,21 @@ async fn generate(s: Arc<Shared>, route: Route, headers: HeaderMap, body: Bytes)
         Route::Completions => prepare::completions(&s, body).await,
     };
     match prepared {
-        Ok(p) => forward(s, p, &headers, permit, t0).await,
+        Ok(p) => {
+            // One span per request, carrying the decision (filled in by
+            // `forward` once made).
+            let span = tracing::info_span!(
+                "request",
+                route = label,
+                prompt_tokens = p.prompt_tokens,
+                stream = p.stream,
+                replica = tracing::field::Empty,
+                cached_blocks = tracing::field::Empty,
+                predicted_ttft_s = tracing::field::Empty,
+                reason = tracing::field::Empty,
+            );
+            tracing::Instrument::instrument(forward(s, p, &headers, permit, t0), span).await
+        }
         Err(e) => {
             s.metrics.rejected("invalid");
             s.metrics.request(label, e.status(), "");
@@ -94,18 +107,7 @@ pub(crate) async fn tokenize(State(s): S, body: Bytes) -> Response {
             )));
         }
     }
-    let tokens = if value.get("messages").is_some() {
-        let chat: ChatRequest = match serde_json::from_value(value) {
-            Ok(r) => r,
-            Err(e) => return bad(format!("invalid tokenize request: {e}")),
-        };
-        s.tokenizer.encode_chat(chat).await
-    } else if let Some(prompt) = value.get("prompt").and_then(Value::as_str) {
-        let add = value.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
-        s.tokenizer.encode_prompt(prompt.to_owned(), add).await
-    } else {
-        return bad("the request needs `messages` or a string `prompt`");
-    };
+    let tokens = s.tokenizer.encode_tokenize_body(value).await;
     match tokens {
         Ok(tokens) => Json(json!({
             "count": tokens.len(),
@@ -123,13 +125,7 @@ pub(crate) async fn detokenize(State(s): S, body: Bytes) -> Response {
     let Ok(value) = serde_json::from_slice::<Value>(&body) else {
         return bad("the body is not valid JSON");
     };
-    let Some(ids) = value.get("tokens").and_then(Value::as_array) else {
-        return bad("`tokens` must be an array of token ids");
-    };
-    let ids: Option<Vec<u32>> =
-        ids.iter().map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok())).collect();
-    let Some(ids) = ids else { return bad("`tokens` must be an array of token ids") };
-    match s.tokenizer.tokenize().tokenizer().decode(&ids, false) {
+    match s.tokenizer.decode_detokenize_body(&value) {
         Ok(prompt) => Json(json!({"prompt": prompt})).into_response(),
         Err(e) => bad(e.to_string()),
     }

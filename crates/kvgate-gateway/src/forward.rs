@@ -110,12 +110,14 @@ pub(crate) async fn forward(
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let cached = u64::from(routed.cached_blocks) * u64::from(shared.block_size);
                 shared.metrics.prompt_tokens(p.prompt_tokens, cached.min(p.prompt_tokens));
-                tracing::debug!(
-                    replica = %replica.name,
-                    cached_blocks = routed.cached_blocks,
-                    predicted_ttft_s = routed.predicted_ttft_s,
-                    "routed"
-                );
+                let span = tracing::Span::current();
+                span.record("replica", replica.name.as_str());
+                span.record("cached_blocks", routed.cached_blocks);
+                span.record("predicted_ttft_s", routed.predicted_ttft_s);
+                if let Some(e) = &routed.explanation {
+                    span.record("reason", e.reason.label());
+                }
+                tracing::debug!("routed");
                 return respond(shared, &p, replica, routed, resp, permit, t0).await;
             }
             Err((reason, err)) => {

@@ -112,6 +112,23 @@ fn check_length(shared: &Shared, prompt: usize, max_output: Option<u32>) -> Resu
     Ok(())
 }
 
+/// `max_tokens` / `max_completion_tokens`, when given, must be positive
+/// integers (vLLM rejects anything else); a wrong type must not slip past the
+/// context-length check.
+fn check_output_limit(extra: &serde_json::Map<String, serde_json::Value>) -> Result<(), Reject> {
+    for key in ["max_tokens", "max_completion_tokens"] {
+        match extra.get(key) {
+            None | Some(serde_json::Value::Null) => {}
+            Some(v) if v.as_u64().is_some_and(|n| n >= 1) => {}
+            Some(v) => {
+                let e = invalid(format!("`{key}` must be a positive integer, got {v}"));
+                return Err(Box::new(e.with_param(key)));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn session_key(extra: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
     extra.get("user").and_then(|v| v.as_str()).map(str::to_owned)
 }
@@ -125,6 +142,7 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
     let req = ChatCompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
     req.validate().map_err(|e| bad(e.to_string()))?;
     check_model(shared, req.model())?;
+    check_output_limit(&req.extra)?;
     if req.messages.len() > shared.config.limits.max_messages {
         return Err(Box::new(
             invalid(format!(
@@ -191,6 +209,7 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
 pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared, Reject> {
     let req = CompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
     check_model(shared, req.model())?;
+    check_output_limit(&req.extra)?;
     let max_out = max_output(req.max_output_tokens());
     let add_special = req.add_special_tokens();
     let prompt = req

@@ -51,6 +51,12 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
         routed: AtomicU64::new(0),
         stop,
     });
+    if replica.config.events.is_none() {
+        lock(&replica.status).problem(
+            &replica.name,
+            "no KV event stream configured (events=tcp://…): routed by load only".into(),
+        );
+    }
     write(&shared.replicas).push(Arc::clone(&replica));
     if replica.config.events.is_some() {
         tokio::spawn(crate::feed::run(Arc::clone(shared), Arc::clone(&replica)));

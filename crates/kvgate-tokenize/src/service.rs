@@ -102,6 +102,37 @@ impl TokenizeService {
             .await
             .map_err(pool_error)?
     }
+
+    /// A vLLM `/tokenize` body: `messages` (chat, rendered as the engine
+    /// would) or a string `prompt` (with `add_special_tokens`, default true).
+    pub async fn encode_tokenize_body(&self, body: serde_json::Value) -> Result<Vec<u32>> {
+        if body.get("messages").is_some() {
+            let chat: ChatRequest = serde_json::from_value(body).map_err(|e| {
+                TokenizeError::InvalidRequest(format!("invalid tokenize request: {e}"))
+            })?;
+            self.encode_chat(chat).await
+        } else if let Some(prompt) = body.get("prompt").and_then(serde_json::Value::as_str) {
+            let add =
+                body.get("add_special_tokens").and_then(serde_json::Value::as_bool).unwrap_or(true);
+            self.encode_prompt(prompt.to_owned(), add).await
+        } else {
+            Err(TokenizeError::InvalidRequest(
+                "the request needs `messages` or a string `prompt`".into(),
+            ))
+        }
+    }
+
+    /// A vLLM `/detokenize` body (`{"tokens": [...]}`) decoded to text.
+    pub fn decode_detokenize_body(&self, body: &serde_json::Value) -> Result<String> {
+        let ids: Option<Vec<u32>> =
+            body.get("tokens").and_then(serde_json::Value::as_array).and_then(|a| {
+                a.iter().map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok())).collect()
+            });
+        let ids = ids.ok_or_else(|| {
+            TokenizeError::InvalidRequest("`tokens` must be an array of token ids".into())
+        })?;
+        self.tokenize().tokenizer().decode(&ids, false)
+    }
 }
 
 fn pool_error(e: PoolError) -> TokenizeError {

@@ -144,6 +144,7 @@ fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
 }
 
 /// Sampling knobs the engine model honours.
+#[derive(Clone)]
 struct Sampling {
     max_tokens: u32,
     min_tokens: u32,
@@ -212,11 +213,75 @@ async fn completions(State(state): State<Shared>, body: Bytes) -> Response {
                 Err(e) => return bad(e.to_string()),
             }
         }
-        Some(_) => return bad("the simulator serves one prompt per request"),
+        Some(Prompt::Texts(texts)) => {
+            let mut all = Vec::with_capacity(texts.len());
+            for t in texts {
+                state.metrics.count_tokenization();
+                match state.tokenizer.encode_prompt(t.clone(), request.add_special_tokens()).await {
+                    Ok(ids) => all.push(ids),
+                    Err(e) => return bad(e.to_string()),
+                }
+            }
+            return completions_batch(state, &request, all).await;
+        }
+        Some(Prompt::TokenBatches(b)) => {
+            return completions_batch(state, &request, b.clone()).await
+        }
         None => return bad("`prompt` is required"),
     };
     let s = sampling(&state, &request.extra, request.max_output_tokens());
     generate(state, Kind::Completion, prompt, s, request.is_stream(), request.include_usage()).await
+}
+
+/// A batch of prompts, as vLLM serves `prompt: [..]`: one engine request per
+/// prompt, run together, merged into one response with `choices[i].index = i`
+/// and summed usage. Streaming batches are not simulated.
+async fn completions_batch(
+    state: Shared,
+    request: &CompletionRequest,
+    prompts: Vec<Vec<u32>>,
+) -> Response {
+    if request.is_stream() {
+        return bad("the simulator does not stream batches of prompts");
+    }
+    if prompts.is_empty() {
+        return bad("`prompt` must not be an empty list");
+    }
+    let s = sampling(&state, &request.extra, request.max_output_tokens());
+    let runs = prompts
+        .into_iter()
+        .map(|p| generate(Arc::clone(&state), Kind::Completion, p, s.clone(), false, false));
+    let responses = futures_util::future::join_all(runs).await;
+    let mut merged: Option<Value> = None;
+    let mut choices = Vec::new();
+    let mut totals = [0u64; 3];
+    for (i, resp) in responses.into_iter().enumerate() {
+        if !resp.status().is_success() {
+            return resp;
+        }
+        let Ok(bytes) = axum::body::to_bytes(resp.into_body(), 16 << 20).await else {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "batch member failed");
+        };
+        let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "batch member failed");
+        };
+        for (k, key) in ["prompt_tokens", "completion_tokens", "total_tokens"].iter().enumerate() {
+            totals[k] += v["usage"][key].as_u64().unwrap_or(0);
+        }
+        if let Some(Value::Array(cs)) = v.get_mut("choices").map(Value::take) {
+            for mut c in cs {
+                c["index"] = json!(i);
+                choices.push(c);
+            }
+        }
+        merged.get_or_insert(v);
+    }
+    let Some(mut out) = merged else { return bad("empty batch") };
+    out["choices"] = Value::Array(choices);
+    out["usage"]["prompt_tokens"] = json!(totals[0]);
+    out["usage"]["completion_tokens"] = json!(totals[1]);
+    out["usage"]["total_tokens"] = json!(totals[2]);
+    Json(out).into_response()
 }
 
 /// `POST /inference/v1/generate`: `{"token_ids": [...], "sampling_params":
@@ -489,18 +554,7 @@ async fn tokenize(State(state): State<Shared>, body: Bytes) -> Response {
         Ok(v) => v,
         Err(r) => return r.into_response(),
     };
-    let tokens = if value.get("messages").is_some() {
-        let chat: ChatRequest = match serde_json::from_value(value) {
-            Ok(r) => r,
-            Err(e) => return bad(format!("invalid tokenize request: {e}")),
-        };
-        state.tokenizer.encode_chat(chat).await
-    } else if let Some(prompt) = value.get("prompt").and_then(Value::as_str) {
-        let add = value.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
-        state.tokenizer.encode_prompt(prompt.to_owned(), add).await
-    } else {
-        return bad("the request needs `messages` or a string `prompt`");
-    };
+    let tokens = state.tokenizer.encode_tokenize_body(value).await;
     match tokens {
         Ok(tokens) => Json(json!({
             "count": tokens.len(),
@@ -518,13 +572,7 @@ async fn detokenize(State(state): State<Shared>, body: Bytes) -> Response {
         Ok(v) => v,
         Err(r) => return r.into_response(),
     };
-    let Some(ids) = value.get("tokens").and_then(Value::as_array) else {
-        return bad("`tokens` must be an array of token ids");
-    };
-    let ids: Option<Vec<u32>> =
-        ids.iter().map(|v| v.as_u64().and_then(|v| u32::try_from(v).ok())).collect();
-    let Some(ids) = ids else { return bad("`tokens` must be an array of token ids") };
-    match state.tokenizer.tokenize().tokenizer().decode(&ids, false) {
+    match state.tokenizer.decode_detokenize_body(&value) {
         Ok(prompt) => Json(json!({"prompt": prompt})).into_response(),
         Err(e) => bad(e.to_string()),
     }
