@@ -158,6 +158,9 @@ pub struct ModelConfig {
     pub max_model_len: u32,
     /// Tokenizer threads; 0 uses one per core.
     pub tokenizer_threads: usize,
+    /// Token ids kept by the tokenization prefix cache (multi-turn chats
+    /// re-send their history; the cache re-uses its tokens); 0 disables it.
+    pub prefix_cache_tokens: usize,
 }
 
 impl Default for ModelConfig {
@@ -167,6 +170,7 @@ impl Default for ModelConfig {
             served_name: "Qwen/Qwen3-0.6B".to_owned(),
             max_model_len: 40_960,
             tokenizer_threads: 0,
+            prefix_cache_tokens: 16 << 20,
         }
     }
 }

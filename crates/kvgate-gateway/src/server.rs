@@ -170,11 +170,12 @@ impl Gateway {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
-        let tokenizer = TokenizeService::new(
-            Tokenize::new(tokenizer, Some(PrefixCacheConfig::default())),
-            threads,
-        )
-        .map_err(|e| StartError::Tokenizer(e.to_string()))?;
+        let cache = (config.model.prefix_cache_tokens > 0).then(|| PrefixCacheConfig {
+            max_tokens: config.model.prefix_cache_tokens,
+            ..PrefixCacheConfig::default()
+        });
+        let tokenizer = TokenizeService::new(Tokenize::new(tokenizer, cache), threads)
+            .map_err(|e| StartError::Tokenizer(e.to_string()))?;
         let router = kvgate_router::Router::new(config.router.clone(), Arc::default())
             .map_err(|e| StartError::Config(crate::error::ConfigError::Invalid(e.to_string())))?;
         let client = reqwest::Client::builder()
