@@ -1,8 +1,80 @@
 //! Reading an engine's `/metrics` (vLLM's names, FIELD.md §2) into what the
 //! router needs: load, KV usage, prefix-cache counters, and the cache
 //! configuration used to check the configured block size.
+//!
+//! The sample lines of the Prometheus text format are parsed here rather
+//! than with `prometheus-parse`: that crate matches metric names with `\w+`,
+//! so it cannot read vLLM's `vllm:`-prefixed names (colons are legal in
+//! Prometheus names); `tests::prometheus_parse_cannot_read_vllm_names` keeps
+//! the proof. Only what this module needs is parsed: name, labels, value.
 
-use prometheus_parse::{Scrape, Value};
+use std::collections::HashMap;
+
+/// One sample line: `name{k="v",...} value [timestamp]`.
+#[derive(Debug, PartialEq)]
+struct Sample<'a> {
+    name: &'a str,
+    labels: HashMap<String, String>,
+    value: f64,
+}
+
+/// Parses one sample line; `None` for comments, blanks and malformed lines.
+fn parse_sample(line: &str) -> Option<Sample<'_>> {
+    let line = line.trim();
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
+    let name = &line[..name_end];
+    let valid = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    if name.is_empty() || !name.chars().all(valid) {
+        return None;
+    }
+    let mut rest = &line[name_end..];
+    let mut labels = HashMap::new();
+    if let Some(body) = rest.strip_prefix('{') {
+        let (parsed, after) = parse_labels(body)?;
+        labels = parsed;
+        rest = after;
+    }
+    let value = rest.split_whitespace().next()?;
+    let value = match value {
+        "+Inf" => f64::INFINITY,
+        "-Inf" => f64::NEG_INFINITY,
+        v => v.parse().ok()?,
+    };
+    Some(Sample { name, labels, value })
+}
+
+/// Parses `k="v",k2="v2"}` (escapes `\\`, `\"`, `\n`); returns the labels and
+/// what follows the closing brace.
+fn parse_labels(mut s: &str) -> Option<(HashMap<String, String>, &str)> {
+    let mut out = HashMap::new();
+    loop {
+        s = s.trim_start_matches([',', ' ']);
+        if let Some(after) = s.strip_prefix('}') {
+            return Some((out, after));
+        }
+        let eq = s.find('=')?;
+        let key = s[..eq].trim().to_owned();
+        s = s[eq + 1..].trim_start().strip_prefix('"')?;
+        let mut value = String::new();
+        let mut chars = s.char_indices();
+        let end = loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '"' => break i,
+                '\\' => match chars.next()?.1 {
+                    'n' => value.push('\n'),
+                    other => value.push(other),
+                },
+                c => value.push(c),
+            }
+        };
+        out.insert(key, value);
+        s = &s[end + 1..];
+    }
+}
 
 /// What one scrape of a vLLM `/metrics` says.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -25,28 +97,19 @@ pub(crate) struct EngineScrape {
     pub(crate) num_cpu_blocks: Option<u64>,
 }
 
-fn value(v: &Value) -> Option<f64> {
-    match v {
-        Value::Counter(x) | Value::Gauge(x) | Value::Untyped(x) => Some(*x),
-        _ => None,
-    }
-}
-
 /// Parses the text exposition. Fails when none of vLLM's load gauges is
 /// present (the URL is probably not a vLLM server).
 pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineScrape, String> {
-    let lines = text.lines().map(|l| Ok(l.to_owned()));
-    let scrape = Scrape::parse(lines).map_err(|e| format!("unreadable metrics: {e}"))?;
     let mut out = EngineScrape::default();
     let mut seen_load = false;
     let (mut usage_sum, mut usage_n) = (0.0, 0u32);
-    for s in &scrape.samples {
-        let Some(v) = value(&s.value) else { continue };
+    for s in text.lines().filter_map(parse_sample) {
+        let v = s.value;
         if !v.is_finite() || v < 0.0 {
             continue;
         }
         // Saturating casts: a hostile or broken engine cannot overflow us.
-        match s.metric.as_str() {
+        match s.name {
             "vllm:num_requests_running" => {
                 out.running = out.running.saturating_add(v as u32);
                 seen_load = true;
@@ -124,11 +187,27 @@ vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5
     #[test]
     fn non_vllm_and_garbage_are_errors_not_panics() {
         assert!(parse_engine_metrics("up 1\n").is_err());
+        assert_eq!(parse_sample("# HELP x y"), None);
+        assert_eq!(parse_sample("bad name 1"), None);
+        assert_eq!(parse_sample("x{a=\"unterminated} 1"), None);
+        let s = parse_sample(r#"m:x{a="q\"uo\\te",b="2"} 3.5 1700000000"#).unwrap();
+        assert_eq!((s.name, s.value), ("m:x", 3.5));
+        assert_eq!(s.labels["a"], "q\"uo\\te");
         assert!(parse_engine_metrics("").is_err());
         let hostile = "vllm:num_requests_running 1e300\nvllm:num_requests_waiting NaN\n\
                        vllm:kv_cache_usage_perc -3\n";
         let s = parse_engine_metrics(hostile).unwrap();
         assert_eq!((s.running, s.waiting, s.kv_usage), (u32::MAX, 0, 0.0));
         let _ = parse_engine_metrics("{{{{ \u{0} \n vllm:num_requests_running{a=\"b} 2\n");
+    }
+
+    /// Why this module parses samples itself: `prometheus-parse` 0.2.5
+    /// drops every `vllm:` series (its name pattern is `\w+`).
+    #[test]
+    fn prometheus_parse_cannot_read_vllm_names() {
+        let lines = VLLM.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
+        assert!(scrape.samples.iter().all(|s| !s.metric.starts_with("vllm:")));
+        assert!(parse_engine_metrics(VLLM).is_ok());
     }
 }

@@ -233,6 +233,10 @@ async fn main() {
     // under the same conditions: tokenize it here (parse, render, encode;
     // the gateway and sims idle meanwhile), then send it through the gateway.
     let (mut raw_cpu, mut long_cpu, mut tokens) = (0.0, 0.0, 0usize);
+    // Also the gateway's own `/tokenize` of the same body: tokenization in
+    // the gateway process itself, under the same conditions as the chat.
+    let mut tokenize_cpu = 0.0;
+    let tokenize_url = format!("{base}/tokenize");
     let tok_before = gateway_tokenize_seconds(&client, &base).await;
     let t = Instant::now();
     for b in &bodies {
@@ -252,7 +256,19 @@ async fn main() {
         assert!(resp.status().is_success(), "{}", resp.status());
         resp.bytes().await.unwrap();
         long_cpu += cpu_seconds(&gw_pid) - c0;
+        let c0 = cpu_seconds(&gw_pid);
+        let resp = client
+            .post(&tokenize_url)
+            .header("content-type", "application/json")
+            .body(b.clone())
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "{}", resp.status());
+        resp.bytes().await.unwrap();
+        tokenize_cpu += cpu_seconds(&gw_pid) - c0;
     }
+    tokenize_cpu /= n_long as f64;
     let wall = t.elapsed().as_secs_f64();
     let gw_tokenize = (gateway_tokenize_seconds(&client, &base).await - tok_before) / n_long as f64;
     long_cpu = (long_cpu - idle_rate * wall / 2.0) / n_long as f64;
@@ -277,6 +293,12 @@ async fn main() {
         long_cpu * 1e6,
         raw_cpu * 1e6,
         long_cpu / raw_cpu
+    );
+    println!(
+        "| Gateway CPU per distinct {avg_tokens}-token chat vs the gateway's own `/tokenize` of it | {:.0} µs vs {:.0} µs = {:.2}× | |",
+        long_cpu * 1e6,
+        tokenize_cpu * 1e6,
+        long_cpu / tokenize_cpu
     );
     println!("(the gateway's own tokenize timer: {:.0} µs per long chat)", gw_tokenize * 1e6);
     println!("({n} TTFT pairs, {} short requests per row, {n_long} long chats)", n * 4);

@@ -76,6 +76,13 @@ fn serve_with_no_replicas_runs_simulated_ones_and_stops_on_sigterm() {
         v["replicas"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["sim-0", "sim-1"]);
     assert!(v["replicas"][0]["problems"].as_array().unwrap().is_empty(), "{body}");
+    // The engines' /metrics reached the router: load, KV usage and capacity
+    // from `vllm:cache_config_info` (the embedded sims have 8192 GPU blocks).
+    for r in v["replicas"].as_array().unwrap() {
+        assert!(r["engine_running"].is_u64(), "{body}");
+        assert!(r["engine_kv_usage"].is_f64(), "{body}");
+        assert_eq!(r["capacity_blocks"][0], 8192, "{body}");
+    }
 
     // SIGTERM: a clean exit, well within the grace period.
     let pid = child.0.id().to_string();
