@@ -306,8 +306,8 @@ pub struct GatewayConfig {
     /// `listen` (then an admin key is required off loopback).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_listen: Option<SocketAddr>,
-    /// `/metrics` on its own address; unset serves it on `listen` (behind
-    /// the client keys when there are any).
+    /// `/metrics` on its own address; unset serves it on `listen`. Either
+    /// way it is behind the client keys when there are any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<SocketAddr>,
     /// Add `x-kvgate-replica: <name>` to responses.
@@ -387,6 +387,14 @@ impl GatewayConfig {
                  (--api-key) or pass --allow-unauthenticated",
                 self.listen
             ));
+        }
+        if let Some(m) = self.metrics_listen {
+            if !m.ip().is_loopback() && auth.api_keys.is_empty() && !auth.allow_unauthenticated {
+                return bad(format!(
+                    "metrics_listen {m} is not loopback and no client keys are set (they \
+                     protect /metrics too): set auth.api_keys or pass --allow-unauthenticated"
+                ));
+            }
         }
         let admin_addr = self.admin_listen.unwrap_or(self.listen);
         if !admin_addr.ip().is_loopback() && auth.admin_key.is_none() {
@@ -527,6 +535,11 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("allow-unauthenticated"));
         c.auth.allow_unauthenticated = true;
         c.validate().unwrap();
+        let m = GatewayConfig {
+            metrics_listen: Some("0.0.0.0:9100".parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(m.validate().unwrap_err().to_string().contains("metrics_listen"));
         c.admin_listen = Some("0.0.0.0:8001".parse().unwrap());
         assert!(c.validate().unwrap_err().to_string().contains("admin"));
         c.auth.admin_key = Some("admin-key-123".into());

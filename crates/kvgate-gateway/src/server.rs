@@ -227,6 +227,7 @@ impl Gateway {
         if let Some(l) = metrics_listener {
             let m = Router::new()
                 .route("/metrics", get(api::metrics))
+                .layer(middleware::from_fn_with_state(Arc::clone(&shared), client_auth))
                 .fallback(not_found)
                 .with_state(Arc::clone(&shared));
             servers.push(serve(l, m, &shared, stop_rx.clone()));
