@@ -53,11 +53,7 @@ fn cpu_seconds(pid: &str) -> f64 {
         return read("/proc/thread-self/schedstat") / 1e9;
     }
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
-    tasks
-        .flatten()
-        .map(|t| read(&format!("{}/schedstat", t.path().display())))
-        .sum::<f64>()
-        / 1e9
+    tasks.flatten().map(|t| read(&format!("{}/schedstat", t.path().display()))).sum::<f64>() / 1e9
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
