@@ -179,6 +179,27 @@ async fn send(
     Ok(resp)
 }
 
+/// Largest whole (non-streamed) engine response relayed, bytes: an engine
+/// cannot make kvgate buffer without bound.
+const MAX_WHOLE_RESPONSE: usize = 256 << 20;
+
+/// The whole body, or an error past `max` bytes.
+async fn read_capped(mut resp: reqwest::Response, max: usize) -> Result<bytes::Bytes, String> {
+    let mut out = bytes::BytesMut::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) => {
+                if out.len() + chunk.len() > max {
+                    return Err(format!("response larger than {max} bytes"));
+                }
+                out.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(out.freeze()),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
 async fn read_limited(mut resp: reqwest::Response, max: usize) -> Vec<u8> {
     let mut out = Vec::new();
     while let Ok(Some(chunk)) = resp.chunk().await {
@@ -238,7 +259,7 @@ async fn respond(
     // sample is taken from it).
     let mut booking = routed.booking;
     let predicted = Duration::from_secs_f64(routed.predicted_ttft_s.clamp(0.0, 3600.0));
-    let body_fut = resp.bytes();
+    let body_fut = read_capped(resp, MAX_WHOLE_RESPONSE);
     tokio::pin!(body_fut);
     let body = tokio::select! {
         b = &mut body_fut => b,

@@ -101,16 +101,19 @@ async fn start_sims(n: usize) -> Vec<Replica> {
     out
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// Two distinct free ports (both listeners held until both are chosen).
+fn free_ports() -> (u16, u16) {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
 }
 
-fn spawn_gateway(sims: &[Replica], port: u16) -> Child {
+fn spawn_gateway(sims: &[Replica], port: u16, admin: u16) -> Child {
     let exe = std::env::current_exe().unwrap();
     let bin = exe.parent().and_then(|p| p.parent()).unwrap().join("kvgate");
     let mut cmd = Command::new(bin);
     cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
         .args(["--log", "warn"]);
     if let Ok(extra) = std::env::var("KVGATE_BENCH_SET") {
         for kv in extra.split_whitespace() {
@@ -173,8 +176,8 @@ async fn main() {
     let me = "thread-self".to_string();
 
     let sims = start_sims(2).await;
-    let port = free_port();
-    let mut gw = spawn_gateway(&sims, port);
+    let (port, admin) = free_ports();
+    let mut gw = spawn_gateway(&sims, port, admin);
     let gw_pid = gw.id().to_string();
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");

@@ -34,13 +34,16 @@ fn http(addr: &str, method: &str, path: &str, body: &str) -> Option<(u16, String
     Some((status, head.to_ascii_lowercase(), body.to_owned()))
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// `n` distinct free ports: the listeners are held until all are chosen, so
+/// the OS cannot hand the same port out twice.
+fn free_ports<const N: usize>() -> [u16; N] {
+    let ls: Vec<_> = (0..N).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    std::array::from_fn(|i| ls[i].local_addr().unwrap().port())
 }
 
 #[test]
 fn serve_with_no_replicas_runs_simulated_ones_and_stops_on_sigterm() {
-    let (port, admin) = (free_port(), free_port());
+    let [port, admin] = free_ports();
     let mut child = Kill(
         Command::new(env!("CARGO_BIN_EXE_kvgate"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
@@ -57,6 +60,11 @@ fn serve_with_no_replicas_runs_simulated_ones_and_stops_on_sigterm() {
         if let Some((200, _, body)) = http(&addr, "GET", "/ready", "") {
             assert!(body.contains("\"in_rotation\":2"), "{body}");
             break;
+        }
+        if let Some(status) = child.0.try_wait().unwrap() {
+            let mut err = String::new();
+            child.0.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            panic!("kvgate serve exited early ({status}): {err}");
         }
         assert!(t0.elapsed() < Duration::from_secs(30), "not ready in 30 s");
         std::thread::sleep(Duration::from_millis(50));
