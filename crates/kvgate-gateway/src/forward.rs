@@ -173,7 +173,8 @@ async fn send(
     };
     if resp.status().is_server_error() {
         let status = resp.status().as_u16();
-        let body = read_limited(resp, MAX_ERROR_BODY).await;
+        // Enough of an engine's error body for its message, even if cut.
+        let body = read_up_to(resp, MAX_ERROR_BODY).await.map(|(b, _)| b).unwrap_or_default();
         return Err(("status_5xx", ErrorResponse::from_upstream(status, &body)));
     }
     Ok(resp)
@@ -183,42 +184,37 @@ async fn send(
 /// cannot make kvgate buffer without bound.
 const MAX_WHOLE_RESPONSE: usize = 256 << 20;
 
-/// The whole body, or an error past `max` bytes.
-async fn read_capped(mut resp: reqwest::Response, max: usize) -> Result<bytes::Bytes, String> {
+/// Reads the body up to `max` bytes. `Ok((bytes, true))` when it all fit,
+/// `Ok((first max bytes, false))` when it did not; the rest is not read.
+async fn read_up_to(
+    mut resp: reqwest::Response,
+    max: usize,
+) -> Result<(bytes::Bytes, bool), reqwest::Error> {
     let mut out = bytes::BytesMut::new();
-    loop {
-        match resp.chunk().await {
-            Ok(Some(chunk)) => {
-                if out.len() + chunk.len() > max {
-                    return Err(format!("response larger than {max} bytes"));
-                }
-                out.extend_from_slice(&chunk);
-            }
-            Ok(None) => return Ok(out.freeze()),
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-}
-
-async fn read_limited(mut resp: reqwest::Response, max: usize) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Ok(Some(chunk)) = resp.chunk().await {
+    while let Some(chunk) = resp.chunk().await? {
         let room = max.saturating_sub(out.len());
         out.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if out.len() >= max {
-            break;
+        if chunk.len() > room {
+            return Ok((out.freeze(), false));
         }
     }
-    out
+    Ok((out.freeze(), true))
+}
+
+/// The whole body, or an error past `max` bytes.
+async fn read_capped(resp: reqwest::Response, max: usize) -> Result<bytes::Bytes, String> {
+    match read_up_to(resp, max).await {
+        Ok((body, true)) => Ok(body),
+        Ok((_, false)) => Err(format!("response larger than {max} bytes")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn response_headers(shared: &Shared, replica: &Replica, upstream: &reqwest::Response) -> HeaderMap {
     let mut h = HeaderMap::new();
     for name in [header::CONTENT_TYPE, header::HeaderName::from_static("x-request-id")] {
-        if let Some(v) = upstream.headers().get(name.as_str()) {
-            if let Ok(v) = HeaderValue::from_bytes(v.as_bytes()) {
-                h.insert(name, v);
-            }
+        if let Some(v) = upstream.headers().get(&name) {
+            h.insert(name, v.clone());
         }
     }
     if shared.config.replica_header {

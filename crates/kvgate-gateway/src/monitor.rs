@@ -98,12 +98,6 @@ fn on_success(
             }
             Err(err) => s.last_error = Some(err.clone()),
         }
-        if replica.config.events.is_none() {
-            s.problem(
-                &replica.name,
-                "no KV event stream configured (events=tcp://…): routed by load only".into(),
-            );
-        }
     }
     shared.sync_health(replica, now);
     if let Ok(e) = scrape {

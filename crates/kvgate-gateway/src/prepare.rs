@@ -154,7 +154,10 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
         ));
     }
     let max_out = max_output(req.max_output_tokens());
-    let tokens = match req.prompt_token_ids() {
+    // Token ids the client passed itself need no tokenization and no new body.
+    let client_ids = req.prompt_token_ids();
+    let passed_by_client = client_ids.is_some();
+    let tokens = match client_ids {
         Some(ids) => Some(ids),
         None => {
             let mut chat: ChatRequest =
@@ -185,7 +188,7 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
         check_length(shared, t.len(), max_out)?;
     }
     let with_tokens = match &tokens {
-        Some(ids) if req.prompt_token_ids().is_none() => {
+        Some(ids) if !passed_by_client => {
             let mut r = req.clone();
             r.set_prompt_token_ids(ids).map_err(|e| bad(e.to_string()))?;
             Some(Bytes::from(r.to_vec().map_err(|e| bad(e.to_string()))?))

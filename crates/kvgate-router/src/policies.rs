@@ -2,6 +2,8 @@
 //! predicted-TTFT cost; the baselines reproduce what other routers do, so
 //! that the replay bench compares like with like through the same ledger.
 
+use std::borrow::Cow;
+
 use kvgate_index::ReplicaId;
 use rand::Rng;
 
@@ -138,7 +140,7 @@ impl Router {
             let items: Vec<_> = eligible.iter().map(|&i| (i, cands[i].requests)).collect();
             return pick_min(&items, &mut self.rng).map(|i| (i, Reason::ApproxImbalance));
         }
-        let symbols = self.approx_symbols(req);
+        let symbols = Self::approx_symbols(req);
         let mut per_tenant = std::mem::take(&mut self.scratch_approx);
         self.approx.match_per_tenant(&symbols, &mut per_tenant);
         let matched = |i: usize| per_tenant.get(cands[i].replica.index()).copied().unwrap_or(0);
@@ -163,9 +165,9 @@ impl Router {
         r
     }
 
-    fn approx_symbols(&self, req: &RouteRequest<'_>) -> Vec<u32> {
+    fn approx_symbols<'a>(req: &RouteRequest<'a>) -> Cow<'a, [u32]> {
         match req.approx_symbols {
-            Some(s) => s.to_vec(),
+            Some(s) => Cow::Borrowed(s),
             // Block granularity: fold each 64-bit key into one symbol.
             None => req.keys.iter().map(|k| (k.0 ^ (k.0 >> 32)) as u32).collect(),
         }
@@ -173,7 +175,7 @@ impl Router {
 
     /// Remembers that `replica` was sent this prompt.
     pub(crate) fn remember_approx(&mut self, req: &RouteRequest<'_>, replica: ReplicaId) {
-        let symbols = self.approx_symbols(req);
+        let symbols = Self::approx_symbols(req);
         self.approx_tick += 1;
         self.approx.insert(&symbols, replica.0, self.approx_tick);
         if self.approx_tick % APPROX_EVICT_EVERY == 0 {
