@@ -9,7 +9,9 @@
 //! Unknown map keys and extra trailing array elements are ignored; unknown
 //! event tags are skipped and counted in [`Batch::skipped_events`]. We parse
 //! into `rmpv::Value` first because the layouts differ in shape, not only in
-//! field order, and one generic tree keeps every branch simple.
+//! field order, and one generic tree keeps every branch simple. That tree costs
+//! a `Value` per token id, so `decode_fast` reads the usual shapes directly
+//! and falls back here for anything else.
 
 use rmpv::Value;
 
@@ -20,8 +22,20 @@ use crate::types::{Batch, BlockHash, BlockRemoved, BlockStored, Event, Medium};
 /// Real payloads nest at most 5 levels (batch, events, event, extra_keys, tuple).
 const MAX_DEPTH: usize = 32;
 
-/// Decodes one KV-event batch payload.
+/// Decodes one KV-event batch payload: the fast path for the shapes vLLM
+/// sends, and [`decode_batch_reference`] for everything else (it also names
+/// every error).
 pub fn decode_batch(payload: &[u8]) -> Result<Batch, DecodeError> {
+    match crate::decode_fast::decode_batch_fast(payload) {
+        Some(batch) => Ok(batch),
+        None => decode_batch_reference(payload),
+    }
+}
+
+/// The reference decoder: the whole payload as one `rmpv::Value` tree, then
+/// the layout rules. [`decode_batch`] returns exactly what this returns, only
+/// faster; it is public so that tests and fuzzers can compare the two.
+pub fn decode_batch_reference(payload: &[u8]) -> Result<Batch, DecodeError> {
     let mut rd = payload;
     let value = rmpv::decode::read_value_with_max_depth(&mut rd, MAX_DEPTH)
         .map_err(|e| DecodeError::Msgpack(e.to_string()))?;
@@ -77,7 +91,7 @@ fn batch_from_value(value: Value) -> Result<Batch, DecodeError> {
 }
 
 /// Positional field order of `BlockStored` in array-like layouts (after the tag).
-const STORED_FIELDS: [&str; 11] = [
+pub(crate) const STORED_FIELDS: [&str; 11] = [
     "block_hashes",
     "parent_block_hash",
     "token_ids",
@@ -91,7 +105,7 @@ const STORED_FIELDS: [&str; 11] = [
     "kv_cache_spec_sliding_window",
 ];
 /// Positional field order of `BlockRemoved` in array-like layouts.
-const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
+pub(crate) const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
 
 /// A field lookup over either event shape: positional or by name.
 enum Fields {

@@ -13,6 +13,7 @@
 //! a panic.
 
 pub mod decode;
+pub mod decode_fast;
 pub mod encode;
 pub mod error;
 pub mod frames;
@@ -23,7 +24,8 @@ pub mod seq;
 pub mod subscriber;
 pub mod types;
 
-pub use decode::decode_batch;
+pub use decode::{decode_batch, decode_batch_reference};
+pub use decode_fast::decode_batch_fast;
 pub use encode::{encode_batch, Layout};
 pub use error::DecodeError;
 pub use types::*;

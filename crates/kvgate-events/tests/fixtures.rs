@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use kvgate_events::{decode_batch, Batch, BlockHash, Event};
+use kvgate_events::{decode_batch, decode_batch_fast, Batch, BlockHash, Event};
 use serde_json::{json, Value};
 
 fn hash_json(h: &BlockHash) -> Value {
@@ -58,6 +58,8 @@ fn python_publisher_payloads_decode_exactly() {
         let bytes = std::fs::read(dir.join(file)).unwrap();
         let batch = decode_batch(&bytes).unwrap_or_else(|e| panic!("{file}: {e}"));
         assert_eq!(batch.skipped_events, 0, "{file}");
+        // Real publishers' payloads all take the fast path.
+        assert_eq!(decode_batch_fast(&bytes).as_ref(), Some(&batch), "{file}: fast path");
         assert_eq!(normalise(&batch), entry["expected"], "{file}: {}", entry["description"]);
         layouts.insert(entry["layout"].as_str().unwrap().to_owned());
         hash_forms.insert(entry["hash_form"].as_str().unwrap().to_owned());

@@ -1,7 +1,8 @@
 //! Fuzzing the decoders with proptest: arbitrary bytes, and valid payloads
 //! with random byte mutations (which reach much deeper into the decoder than
-//! random bytes do). The only assertion is the one that matters for input
-//! from the network: no panic, and every failure is a typed error.
+//! random bytes do). The assertions: no panic, every failure is a typed
+//! error, and the fast decoder agrees with the reference decoder on every
+//! input (differential fuzzing).
 //!
 //! CI runs a few thousand cases. For the long run recorded in
 //! docs/benchmarks.md set `KVGATE_FUZZ_CASES`, e.g.
@@ -10,12 +11,20 @@
 mod strategies;
 
 use kvgate_events::frames::{parse_pub, parse_replay};
-use kvgate_events::{decode_batch, encode_batch, Layout};
+use kvgate_events::{decode_batch, decode_batch_reference, encode_batch, Layout};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 fn cases() -> u32 {
     std::env::var("KVGATE_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(4000)
+}
+
+/// The fast decoder must give exactly the reference decoder's answer
+/// (compared as `Debug` text, so that a NaN timestamp equals itself).
+fn same_as_reference(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let fast = format!("{:?}", decode_batch(bytes));
+    prop_assert_eq!(fast, format!("{:?}", decode_batch_reference(bytes)));
+    Ok(())
 }
 
 fn runner() -> TestRunner {
@@ -26,7 +35,7 @@ fn runner() -> TestRunner {
 fn arbitrary_bytes_never_panic() {
     runner()
         .run(&proptest::collection::vec(any::<u8>(), 0..512), |bytes| {
-            let _ = decode_batch(&bytes);
+            same_as_reference(&bytes)?;
             Ok(())
         })
         .unwrap();
@@ -54,7 +63,7 @@ fn mutated_valid_payloads_never_panic() {
                 let keep = cut.index(bytes.len());
                 bytes.truncate(keep);
             }
-            let _ = decode_batch(&bytes);
+            same_as_reference(&bytes)?;
             Ok(())
         })
         .unwrap();

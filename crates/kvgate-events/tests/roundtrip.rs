@@ -4,7 +4,9 @@
 
 mod strategies;
 
-use kvgate_events::{decode_batch, encode_batch, Batch, Event, Layout};
+use kvgate_events::{
+    decode_batch, decode_batch_fast, decode_batch_reference, encode_batch, Batch, Event, Layout,
+};
 use proptest::prelude::*;
 
 /// What `layout` can carry of `batch`.
@@ -36,7 +38,11 @@ proptest! {
         for layout in Layout::ALL {
             let bytes = encode_batch(&batch, layout);
             let decoded = decode_batch(&bytes);
-            prop_assert_eq!(decoded, Ok(project(&batch, layout)), "layout {}", layout.name());
+            prop_assert_eq!(&decoded, &Ok(project(&batch, layout)), "layout {}", layout.name());
+            // Every shape vLLM sends takes the fast path, and the reference
+            // decoder reads the same.
+            prop_assert_eq!(decode_batch_fast(&bytes), decoded.clone().ok(), "layout {}", layout.name());
+            prop_assert_eq!(decode_batch_reference(&bytes), decoded, "layout {}", layout.name());
         }
     }
 }

@@ -188,11 +188,9 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
         check_length(shared, t.len(), max_out)?;
     }
     let with_tokens = match &tokens {
-        Some(ids) if !passed_by_client => {
-            let mut r = req.clone();
-            r.set_prompt_token_ids(ids).map_err(|e| bad(e.to_string()))?;
-            Some(Bytes::from(r.to_vec().map_err(|e| bad(e.to_string()))?))
-        }
+        Some(ids) if !passed_by_client => Some(Bytes::from(
+            req.body_with_prompt_token_ids(&body, ids).map_err(|e| bad(e.to_string()))?,
+        )),
         _ => None,
     };
     Ok(finish(

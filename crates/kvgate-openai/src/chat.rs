@@ -158,6 +158,28 @@ impl ChatCompletionRequest {
         Ok(())
     }
 
+    /// The client's `body` (from which `self` was parsed) with
+    /// `kv_transfer_params.prompt_token_ids` added. When the body names no
+    /// `kv_transfer_params` at all, the key is appended to its bytes: every
+    /// other byte stays as the client sent it, and the request is neither
+    /// cloned nor re-serialised (a 4k-token chat spends most of its non-
+    /// tokenizer CPU there otherwise). Otherwise the request is re-serialised
+    /// through [`Self::set_prompt_token_ids`], which merges the keys.
+    pub fn body_with_prompt_token_ids(
+        &self,
+        body: &[u8],
+        token_ids: &[u32],
+    ) -> Result<Vec<u8>, Error> {
+        if let Some(spliced) = append_prompt_token_ids(body, token_ids) {
+            if !self.has_non_text_content() {
+                return Ok(spliced);
+            }
+        }
+        let mut r = self.clone();
+        r.set_prompt_token_ids(token_ids)?;
+        r.to_vec()
+    }
+
     /// `kv_transfer_params.prompt_token_ids`, when present and well formed.
     pub fn prompt_token_ids(&self) -> Option<Vec<u32>> {
         let ids = self.kv_transfer_params.as_ref()?.get("prompt_token_ids")?.as_array()?;
@@ -204,6 +226,39 @@ pub(crate) fn max_output_tokens(extra: &Map<String, Value>) -> Option<u64> {
 }
 
 /// Token ids as a JSON array.
+/// `body` with `"kv_transfer_params":{"prompt_token_ids":[...]}` appended
+/// as its last key, or `None` when that is not safe by bytes alone: the body
+/// is not a non-empty object, or mentions `kv_transfer_params` anywhere (a
+/// duplicate key would be rejected or resolved differently by the engine).
+fn append_prompt_token_ids(body: &[u8], token_ids: &[u32]) -> Option<Vec<u8>> {
+    const KEY: &[u8] = b"kv_transfer_params";
+    if body.windows(KEY.len()).any(|w| w == KEY) {
+        return None;
+    }
+    let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[start] != b'{' || body[end] != b'}' {
+        return None;
+    }
+    let inner_end = body[..end].iter().rposition(|b| !b.is_ascii_whitespace())?;
+    let empty = inner_end == start;
+    let mut out = Vec::with_capacity(end + 48 + token_ids.len() * 7);
+    out.extend_from_slice(&body[..end]);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(br#""kv_transfer_params":{"prompt_token_ids":["#);
+    let mut buf = itoa::Buffer::new();
+    for (i, id) in token_ids.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(buf.format(*id).as_bytes());
+    }
+    out.extend_from_slice(b"]}}");
+    Some(out)
+}
+
 pub(crate) fn token_ids_value(token_ids: &[u32]) -> Value {
     Value::Array(token_ids.iter().map(|&id| Value::from(id)).collect())
 }
@@ -249,6 +304,48 @@ mod tests {
             serde_json::to_string(&fresh).unwrap(),
             r#"{"model":"m","messages":[],"kv_transfer_params":{"prompt_token_ids":[7]},"seed":3}"#
         );
+    }
+
+    #[test]
+    fn body_with_prompt_token_ids_appends_to_the_clients_bytes() {
+        let body = br#" {"model":"m", "messages":[{"role":"user","content":"hi"}],"x":{"y":[1]}}
+"#;
+        let request = ChatCompletionRequest::from_slice(body).unwrap();
+        let out = request.body_with_prompt_token_ids(body, &[5, 0, 4294967295]).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#" {"model":"m", "messages":[{"role":"user","content":"hi"}],"x":{"y":[1]},"kv_transfer_params":{"prompt_token_ids":[5,0,4294967295]}}"#
+        );
+        let again = ChatCompletionRequest::from_slice(&out).unwrap();
+        assert_eq!(again.prompt_token_ids(), Some(vec![5, 0, 4294967295]));
+        let mut expected = request.clone();
+        expected.set_prompt_token_ids(&[5, 0, 4294967295]).unwrap();
+        assert_eq!(again, expected);
+    }
+
+    #[test]
+    fn body_with_prompt_token_ids_merges_when_the_key_is_there() {
+        for body in [
+            &br#"{"messages":[],"kv_transfer_params":{"a":1}}"#[..],
+            br#"{"messages":[],"kv_transfer_params":null}"#,
+            br#"{"messages":[{"role":"user","content":"kv_transfer_params"}]}"#,
+        ] {
+            let request = ChatCompletionRequest::from_slice(body).unwrap();
+            let out = request.body_with_prompt_token_ids(body, &[9]).unwrap();
+            let mut expected = request.clone();
+            expected.set_prompt_token_ids(&[9]).unwrap();
+            assert_eq!(out, expected.to_vec().unwrap(), "{}", String::from_utf8_lossy(body));
+        }
+        assert_eq!(
+            append_prompt_token_ids(b"{}", &[1, 2]).unwrap(),
+            br#"{"kv_transfer_params":{"prompt_token_ids":[1,2]}}"#
+        );
+        assert_eq!(
+            append_prompt_token_ids(b"{ \n}\n", &[]).unwrap(),
+            b"{ \n\"kv_transfer_params\":{\"prompt_token_ids\":[]}}"
+        );
+        assert!(append_prompt_token_ids(b"[1]", &[1]).is_none());
+        assert!(append_prompt_token_ids(b"  ", &[1]).is_none());
     }
 
     #[test]
