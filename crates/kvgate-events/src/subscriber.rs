@@ -50,6 +50,12 @@ pub struct SubscriberConfig {
     pub backoff_initial: Duration,
     /// Longest reconnect delay.
     pub backoff_max: Duration,
+    /// With a replay endpoint: this long after the last live batch, ask the
+    /// replay endpoint once for anything newer. A gap is otherwise noticed
+    /// only when the next batch arrives, so batches lost at the end of a
+    /// burst would stay missing until the engine publishes again. `None`
+    /// turns the probe off.
+    pub tail_probe_after: Option<Duration>,
 }
 
 impl SubscriberConfig {
@@ -63,6 +69,7 @@ impl SubscriberConfig {
             connect_timeout: Duration::from_secs(2),
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
+            tail_probe_after: Some(Duration::from_millis(250)),
         }
     }
 }
@@ -253,9 +260,24 @@ impl Subscriber {
         }
         let mut disconnected = false;
         let mut monitor_open = true;
+        // When to probe the replay endpoint for batches lost after the last
+        // live one; re-armed by every live batch.
+        let probe_after =
+            self.config.tail_probe_after.filter(|_| self.config.replay_endpoint.is_some());
+        let mut probe_at: Option<tokio::time::Instant> = None;
         loop {
+            let probe = async {
+                match probe_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
+                () = probe => {
+                    probe_at = None;
+                    self.tail_probe().await?;
+                }
                 ev = monitor.next(), if monitor_open => match ev {
                     Some(SocketEvent::Disconnected(_)) => {
                         disconnected = true;
@@ -272,7 +294,10 @@ impl Subscriber {
                     None => monitor_open = false,
                 },
                 msg = sub.recv() => match msg {
-                    Ok(msg) => self.on_live(&msg.into_vec()).await?,
+                    Ok(msg) => {
+                        self.on_live(&msg.into_vec()).await?;
+                        probe_at = probe_after.map(|d| tokio::time::Instant::now() + d);
+                    }
                     Err(e) => {
                         tracing::warn!(endpoint = %self.config.endpoint, error = %e, "zmq receive failed; reconnecting");
                         let (s, m) = self.connect().await?;
@@ -373,6 +398,28 @@ impl Subscriber {
             }
             Ok(items) => self.cover_or_reset(last, items).await,
             Err(e) => self.reset(ResetReason::ReplayFailed(e)).await,
+        }
+    }
+
+    /// Asks the replay endpoint for anything after the last applied batch.
+    /// Nothing is the usual answer; batches mean some were lost on the way
+    /// (counted as a gap and applied, or a reset if the buffer no longer
+    /// reaches back). A failed probe is only logged: the next live batch
+    /// still reveals any gap.
+    async fn tail_probe(&mut self) -> Result<(), SubscriberError> {
+        let Some(next) = self.tracker.next_expected() else { return Ok(()) };
+        match self.replay(next).await {
+            Ok(items) if items.is_empty() => Ok(()),
+            Ok(items) => {
+                let to = items.last().map_or(next, |(s, _)| s + 1);
+                SubscriberMetrics::inc(&self.metrics.gaps, 1);
+                self.send(Update::Gap { from: next, to }).await?;
+                self.cover_or_reset(next, items).await
+            }
+            Err(e) => {
+                tracing::debug!(endpoint = %self.config.endpoint, error = %e, "kv events: tail probe failed");
+                Ok(())
+            }
         }
     }
 

@@ -268,6 +268,51 @@ async fn dropped_batches_are_recovered_through_replay() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_lost_at_the_end_of_a_burst_is_fetched_by_the_tail_probe() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let (seed, rate) = (7, 0.5);
+    let mut cfg = config(Layout::V0_26, true);
+    cfg.drop_rate = rate;
+    cfg.drop_seed = seed;
+    let publisher = Publisher::start(cfg).await.unwrap();
+    let mut sub = Sub::start(&publisher);
+    let batches = sample_batches();
+    let deadline = Instant::now() + WAIT;
+    // Publish until the subscription is live, then stop right after a
+    // batch that the publisher drops: no later batch reveals the gap.
+    let mut live = false;
+    let last = loop {
+        assert!(Instant::now() < deadline, "never went live");
+        let seq = publisher.publish(&batches[publisher.next_seq() as usize % batches.len()]);
+        if live && drop_decision(seed, rate, seq) {
+            break seq;
+        }
+        while let Ok(Some(u)) = tokio::time::timeout(Duration::from_millis(20), sub.rx.recv()).await
+        {
+            if let Update::Batch { replayed: false, .. } = u {
+                live = true;
+            }
+        }
+    };
+    let gaps_before = sub.metrics.gaps.load(Relaxed);
+    let quiet = Instant::now();
+    loop {
+        match sub.next().await {
+            Update::Batch { seq, replayed, .. } if seq == last => {
+                assert!(replayed, "seq {seq} was dropped on the live stream");
+                break;
+            }
+            Update::Reset { reason } => panic!("reset: {reason}"),
+            _ => {}
+        }
+    }
+    assert!(quiet.elapsed() < Duration::from_secs(2), "took {:?}", quiet.elapsed());
+    assert!(sub.metrics.gaps.load(Relaxed) > gaps_before);
+    sub.stop();
+    publisher.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrapped_buffer_degrades_a_late_subscriber() {
     let mut cfg = config(Layout::V0_11, true);
     cfg.buffer_steps = 5;

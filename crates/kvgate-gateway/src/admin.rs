@@ -9,6 +9,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use kvgate_index::Tier;
 use kvgate_openai::ErrorResponse;
 use kvgate_router::{Explanation, Reason};
 use serde::Deserialize;
@@ -17,7 +18,7 @@ use serde_json::{json, Value};
 use crate::config::ReplicaConfig;
 use crate::forward::error_response;
 use crate::registry;
-use crate::state::{lock, Shared};
+use crate::state::{lock, read, Shared};
 
 type S = State<Arc<Shared>>;
 
@@ -118,6 +119,26 @@ pub(crate) async fn drain_replica(State(s): S, Path(name): Path<String>) -> Resp
         }
         Err(resp) => *resp,
     }
+}
+
+/// `GET /admin/replicas/{name}/blocks`: the engine hashes kvgate's index
+/// holds for the replica, per tier (folded to u64 like `BlockHash::fold_u64`),
+/// to check the view against the engine's own contents.
+pub(crate) async fn replica_blocks(State(s): S, Path(name): Path<String>) -> Response {
+    let r = match find(&s, &name) {
+        Ok(r) => r,
+        Err(resp) => return *resp,
+    };
+    let index = read(&s.index);
+    let tier = |t| index.engine_hashes(r.id, t).unwrap_or_default();
+    let body = json!({
+        "replica": r.name,
+        "gpu": tier(Tier::Gpu),
+        "cpu": tier(Tier::Cpu),
+        "storage": tier(Tier::Storage),
+    });
+    drop(index);
+    Json(body).into_response()
 }
 
 /// `DELETE /admin/replicas/{name}`.

@@ -71,6 +71,7 @@ fn admin_routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
     Router::new()
         .route("/admin/replicas", get(admin::replicas).post(admin::add_replica))
         .route("/admin/replicas/{name}/drain", post(admin::drain_replica))
+        .route("/admin/replicas/{name}/blocks", get(admin::replica_blocks))
         .route("/admin/replicas/{name}", delete(admin::remove_replica))
         .route("/admin/decisions", get(admin::decisions))
         .layer(middleware::from_fn_with_state(Arc::clone(shared), admin_auth))

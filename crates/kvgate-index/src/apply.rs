@@ -317,7 +317,7 @@ mod tests {
     use kvgate_events::{BlockStored, Event, Medium};
 
     use crate::testutil::{index_with, placeholder, removed, stored, tokens};
-    use crate::{block_keys, PrefixMatch};
+    use crate::{block_keys, PrefixMatch, ReplicaId, Tier};
 
     fn only(out: &[PrefixMatch], slot: usize) -> PrefixMatch {
         out.get(slot).copied().unwrap_or_default()
@@ -339,6 +339,24 @@ mod tests {
             PrefixMatch { total: 3, gpu: 3, gpu_prefix: 3, cpu: 0, storage: 0 }
         );
         assert_eq!(index.stats().replicas[0].last_event_at, Some(now));
+    }
+
+    #[test]
+    fn engine_hashes_list_what_each_tier_holds() {
+        let (mut index, ids) = index_with(2);
+        let now = Instant::now();
+        index.apply(ids[0], &stored(&[10, 11, 12], None, &tokens(3, |b| b as u32), 4), now);
+        index.apply(ids[0], &placeholder(&[11], Medium::Cpu), now);
+        index.apply(ids[0], &removed(&[12], None), now);
+        let sorted = |tier| {
+            let mut v = index.engine_hashes(ids[0], tier).unwrap();
+            v.sort_unstable();
+            v
+        };
+        assert_eq!(sorted(Tier::Gpu), vec![10, 11]);
+        assert_eq!(sorted(Tier::Cpu), vec![11]);
+        assert_eq!(index.engine_hashes(ids[1], Tier::Gpu), Some(vec![]));
+        assert_eq!(index.engine_hashes(ReplicaId(9), Tier::Gpu), None);
     }
 
     #[test]

@@ -131,6 +131,22 @@ impl Index {
         self.replica(id).map(|r| r.counts[tier as usize])
     }
 
+    /// The engine hashes (folded to `u64` as [`BlockHash::fold_u64`] does)
+    /// a replica holds in `tier`, in no particular order: what the index
+    /// believes, to compare with the engine's own contents.
+    ///
+    /// [`BlockHash::fold_u64`]: kvgate_events::BlockHash::fold_u64
+    pub fn engine_hashes(&self, id: ReplicaId, tier: Tier) -> Option<Vec<u64>> {
+        let bit = 1u8 << (tier as u8);
+        self.replica(id).map(|r| {
+            r.entries
+                .iter()
+                .filter(|(_, e)| e.tiers() & bit != 0)
+                .map(|(h, _)| h.as_u64())
+                .collect()
+        })
+    }
+
     /// Distinct block keys held by some replica in some tier.
     pub fn distinct_keys(&self) -> u64 {
         self.holders.distinct_keys()

@@ -73,6 +73,10 @@ impl EngineHash {
     pub(crate) fn new(hash: u64) -> EngineHash {
         EngineHash([hash as u32, (hash >> 32) as u32])
     }
+
+    pub(crate) fn as_u64(self) -> u64 {
+        u64::from(self.0[0]) | (u64::from(self.0[1]) << 32)
+    }
 }
 
 impl Hash for EngineHash {

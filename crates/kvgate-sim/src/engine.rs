@@ -109,6 +109,9 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Tokens loaded from the CPU tier (external hits).
     pub external_hit_tokens: u64,
+    /// Tokens looked up in the CPU tier (vLLM's connector queries: the
+    /// whole prompt of every scheduled request), when there is one.
+    pub external_queries: u64,
     /// Blocks loaded from the CPU tier.
     pub external_hit_blocks: u64,
     /// Hashes cached on the GPU.
@@ -410,6 +413,9 @@ impl Engine {
                 self.stats.prefix_cache_hits += (gpu_hits.len() * self.block_size) as u64;
                 self.stats.external_hit_blocks += n_cpu as u64;
                 self.stats.external_hit_tokens += (n_cpu * self.block_size) as u64;
+                if self.cpu.is_some() {
+                    self.stats.external_queries += num_tokens;
+                }
                 if let Some(r) = self.requests.get_mut(&id) {
                     r.cached_tokens.get_or_insert(hit_tokens as u32);
                 }

@@ -120,6 +120,11 @@ pub(crate) struct SimArgs {
     /// Replay ROUTER endpoint of the first replica, e.g. `tcp://*:5558`.
     #[arg(long)]
     pub(crate) replay: Option<String>,
+    /// Bind the `--events` endpoint even when it names a host (vLLM's rule
+    /// would connect), e.g. `--events tcp://127.0.0.1:5557 --bind-events` to
+    /// publish on loopback only instead of every interface.
+    #[arg(long)]
+    pub(crate) bind_events: bool,
     /// Batches kept for replay.
     #[arg(long, default_value_t = 10_000)]
     pub(crate) buffer_steps: usize,

@@ -76,6 +76,7 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
                 pc.layout = layout;
                 pc.drop_rate = args.drop_event_batches;
                 pc.drop_seed = u64::from(i);
+                pc.force_bind = args.bind_events;
                 Some(pc)
             }
             None if args.replay.is_some() => bail!("--replay needs --events"),

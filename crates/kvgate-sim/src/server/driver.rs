@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvgate_events::publisher::Publisher;
-use kvgate_events::Batch;
+use kvgate_events::{Batch, BlockHash};
 use rustc_hash::FxHashMap;
 use tokio::sync::{mpsc, oneshot};
 
@@ -35,6 +35,8 @@ pub(crate) enum Command {
     Add(NewRequest),
     Abort(RequestId),
     ResetPrefixCache(oneshot::Sender<bool>),
+    /// The engine's true cache contents: (GPU hashes, CPU-tier hashes).
+    CachedBlocks(oneshot::Sender<(Vec<BlockHash>, Vec<BlockHash>)>),
 }
 
 struct Live {
@@ -122,6 +124,9 @@ fn handle(
             if live.remove(&id).is_some() {
                 engine.abort(id);
             }
+        }
+        Command::CachedBlocks(reply) => {
+            let _ = reply.send((engine.gpu_cached_hashes(), engine.cpu_cached_hashes()));
         }
         Command::ResetPrefixCache(reply) => {
             let ok = engine.reset_prefix_cache();

@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use kvgate_events::publisher::drop_decision;
+use kvgate_events::BlockHash;
 use kvgate_openai::{ChatCompletionRequest, CompletionRequest, Prompt};
 use kvgate_tokenize::{ChatRequest, Endpoint};
 use serde_json::{json, Map, Value};
@@ -30,6 +31,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
         .route("/reset_prefix_cache", post(reset_prefix_cache))
+        .route("/debug/kv_blocks", get(kv_blocks))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/inference/v1/generate", post(generate_tokens))
@@ -113,6 +115,36 @@ async fn metrics(State(state): State<Shared>) -> Response {
         text,
     )
         .into_response()
+}
+
+/// Debug (not a vLLM endpoint): the block hashes the engine really holds,
+/// per tier, as its KV events name them (ints, or 32 bytes in hex), so that
+/// tests can compare a router's event-fed view with the truth.
+async fn kv_blocks(State(state): State<Shared>) -> Response {
+    let (tx, rx) = oneshot::channel();
+    if state.commands.send(Command::CachedBlocks(tx)).is_err() {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+    }
+    let Ok((gpu, cpu)) = rx.await else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+    };
+    let wire = |hashes: Vec<BlockHash>| -> Vec<Value> {
+        hashes
+            .into_iter()
+            .map(|h| match h {
+                BlockHash::Int(v) => json!(v),
+                BlockHash::Bytes(b) => {
+                    json!(b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+                }
+            })
+            .collect()
+    };
+    Json(json!({
+        "block_size": state.config.engine.block_size,
+        "gpu": wire(gpu),
+        "cpu": wire(cpu),
+    }))
+    .into_response()
 }
 
 async fn reset_prefix_cache(State(state): State<Shared>) -> Response {

@@ -169,6 +169,24 @@ impl Metrics {
             "vllm:prefix_cache_hits_total",
             float(s.prefix_cache_hits as f64),
         );
+        // The CPU tier answers as vLLM's KV connector does, under the
+        // connector's counters (only exported when there is one).
+        if config.num_cpu_blocks > 0 {
+            metric(
+                "vllm:external_prefix_cache_queries",
+                "counter",
+                "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.",
+                "vllm:external_prefix_cache_queries_total",
+                float(s.external_queries as f64),
+            );
+            metric(
+                "vllm:external_prefix_cache_hits",
+                "counter",
+                "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.",
+                "vllm:external_prefix_cache_hits_total",
+                float(s.external_hit_tokens as f64),
+            );
+        }
         metric(
             "vllm:num_preemptions",
             "counter",

@@ -1,0 +1,181 @@
+//! Processes for end-to-end tests: `kvgate sim` and `kvgate serve` started
+//! from the built binary, killed when dropped. Included with `mod support;`.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Kills (SIGKILL) and reaps the process when dropped.
+pub struct Kill(pub Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The built `kvgate`, with the caller's `KVGATE_*` settings removed.
+pub fn kvgate_cmd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvgate"));
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("KVGATE_") || k == "VLLM_API_KEY" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+/// `n` distinct free loopback ports (listeners held until all are chosen).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<_> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+/// A running `kvgate sim` (one replica).
+pub struct Sim {
+    pub proc: Kill,
+    pub url: String,
+    pub events: String,
+    pub replay: Option<String>,
+}
+
+/// Fixed ports for a sim that must come back on the same addresses.
+#[derive(Clone, Copy, Debug)]
+pub struct SimPorts {
+    pub http: u16,
+    pub events: u16,
+    pub replay: u16,
+}
+
+impl SimPorts {
+    pub fn pick() -> SimPorts {
+        let p = free_ports(3);
+        SimPorts { http: p[0], events: p[1], replay: p[2] }
+    }
+}
+
+/// Starts `kvgate sim` on loopback with events (and replay, if `replay`),
+/// on `ports` or on ports the OS picks; `args` are extra flags.
+pub fn spawn_sim(ports: Option<SimPorts>, replay: bool, args: &[&str]) -> Sim {
+    let p = ports.map_or(("0".to_owned(), 0, 0), |p| (p.http.to_string(), p.events, p.replay));
+    let mut cmd = kvgate_cmd();
+    cmd.args(["sim", "--port", &p.0, "--log", "warn"]).args([
+        "--events",
+        &format!("tcp://127.0.0.1:{}", p.1),
+        "--bind-events",
+    ]);
+    if replay {
+        cmd.args(["--replay", &format!("tcp://127.0.0.1:{}", p.2)]);
+    }
+    let child = cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = Kill(child);
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let line = lines.next().expect("kvgate sim printed nothing").unwrap();
+    let field = |name: &str| {
+        line.split(&format!("{name}="))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+            .split(' ')
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let replay = Some(field("replay")).filter(|r| r != "-");
+    Sim { url: field("http"), events: field("events"), replay, proc: child }
+}
+
+/// A running `kvgate serve`.
+pub struct Serve {
+    pub proc: Kill,
+    pub base: String,
+    pub admin: String,
+}
+
+/// Starts `kvgate serve` on loopback ports the OS picks, in front of `sims`
+/// (named r0, r1, ...); `args` are extra flags (`--set k=v`, ...).
+pub fn spawn_serve(sims: &[&Sim], args: &[&str]) -> Serve {
+    let mut cmd = kvgate_cmd();
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--log",
+        "warn",
+    ]);
+    for (i, s) in sims.iter().enumerate() {
+        let mut spec = format!("{},name=r{i},events={}", s.url, s.events);
+        if let Some(r) = &s.replay {
+            spec.push_str(&format!(",replay={r}"));
+        }
+        cmd.args(["--replica", &spec]);
+    }
+    let child = cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = Kill(child);
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let line = lines.next().expect("kvgate serve printed nothing").unwrap();
+    // "kvgate serving on http://A (admin: http://B) with N replicas"
+    let base = line
+        .strip_prefix("kvgate serving on ")
+        .and_then(|r| r.split(' ').next())
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned();
+    let admin = line
+        .split("(admin: ")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .unwrap_or_else(|| panic!("no admin address in {line:?}"))
+        .to_owned();
+    Serve { proc: child, base, admin }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+/// Waits until `GET {base}/ready` answers 200.
+pub async fn wait_ready(base: &str) {
+    let t0 = Instant::now();
+    loop {
+        let ok =
+            client().get(format!("{base}/ready")).send().await.is_ok_and(|r| r.status() == 200);
+        if ok {
+            return;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{base} never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn get_json(url: &str) -> Value {
+    let r = client().get(url).send().await.unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    assert!(r.status().is_success(), "GET {url}: {}", r.status());
+    r.json().await.unwrap()
+}
+
+/// The sum of every sample of `name` on a Prometheus page.
+pub async fn metric(url: &str, name: &str) -> f64 {
+    let text = client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A completion with a token-id prompt (no tokenization anywhere).
+pub fn token_completion(prompt: &[u32], max_tokens: u32, stream: bool) -> Value {
+    serde_json::json!({
+        "model": "Qwen/Qwen3-0.6B",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "stream": stream,
+    })
+}
