@@ -214,6 +214,10 @@ pub struct LimitsConfig {
     pub max_retries: u32,
     /// Requests served at once; more get 503.
     pub max_concurrent_requests: usize,
+    /// Client connections open at once, over all listeners; a connection
+    /// past it is closed as soon as it is accepted (counted). Idle and
+    /// slow connections are bounded by this and the header-read timeout.
+    pub max_connections: usize,
     /// On SIGTERM, in-flight requests get this long to finish, ms.
     pub shutdown_grace_ms: u64,
 }
@@ -230,6 +234,7 @@ impl Default for LimitsConfig {
             stream_idle_timeout_ms: 120_000,
             max_retries: 2,
             max_concurrent_requests: 4_096,
+            max_connections: 16_384,
             shutdown_grace_ms: 30_000,
         }
     }
@@ -404,7 +409,11 @@ impl GatewayConfig {
             ));
         }
         let l = &self.limits;
-        if l.max_body_bytes == 0 || l.max_header_bytes < 1024 || l.max_concurrent_requests == 0 {
+        if l.max_body_bytes == 0
+            || l.max_header_bytes < 1024
+            || l.max_concurrent_requests == 0
+            || l.max_connections == 0
+        {
             return bad("limits: body, header and concurrency limits must be positive".into());
         }
         let m = &self.monitor;

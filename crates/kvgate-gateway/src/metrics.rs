@@ -24,7 +24,7 @@ use prometheus_client::encoding::{
 };
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
@@ -129,6 +129,8 @@ pub(crate) struct Metrics {
     retries: Family<ReasonLabels, Counter>,
     stream_errors: Family<ReasonLabels, Counter>,
     rejected: Family<ReasonLabels, Counter>,
+    open_connections: Gauge,
+    connections_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -149,6 +151,8 @@ impl Metrics {
         let retries = Family::<ReasonLabels, Counter>::default();
         let stream_errors = Family::<ReasonLabels, Counter>::default();
         let rejected = Family::<ReasonLabels, Counter>::default();
+        let open_connections = Gauge::default();
+        let connections_refused = Counter::default();
         // Known reasons are exported from the start (as 0), so that `rate()`
         // and alerts see the series before the first occurrence. (An empty
         // family is left out of the exposition altogether.)
@@ -163,6 +167,16 @@ impl Metrics {
         }
 
         let mut registry = Registry::with_prefix(PREFIX);
+        registry.register(
+            "open_connections",
+            "Client connections open on kvgate's listeners",
+            open_connections.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Client connections closed at once because limits.max_connections were open",
+            connections_refused.clone(),
+        );
         registry.register(
             "requests",
             "Requests answered, by route, HTTP status and replica (empty when none)",
@@ -227,7 +241,15 @@ impl Metrics {
             retries,
             stream_errors,
             rejected,
+            open_connections,
+            connections_refused,
         }
+    }
+
+    /// The connection gauge and refusal counter, for the accept loops
+    /// (handles share the registered series).
+    pub(crate) fn connection_metrics(&self) -> (Gauge, Counter) {
+        (self.open_connections.clone(), self.connections_refused.clone())
     }
 
     /// A request answered on `route` with `status`, served by `replica` (""

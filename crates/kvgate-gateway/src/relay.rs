@@ -144,6 +144,9 @@ impl Relay {
         self.shared.metrics.e2e(self.route, self.t0.elapsed().as_secs_f64());
         let Some((reason, e)) = error else { return Bytes::new() };
         self.shared.metrics.stream_error(reason);
+        // A stalled or broken engine stream counts against the replica like
+        // a failed request: enough in a row take it out of rotation.
+        self.shared.note_failure(&self.replica, e.error.message.clone(), Instant::now());
         tracing::warn!(replica = %self.replica.name, reason, error = %e.error.message, "stream ended with an error");
         let mut out = Vec::new();
         // Terminate a partial event first, so the error parses on its own.

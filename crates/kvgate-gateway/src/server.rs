@@ -21,7 +21,7 @@ use kvgate_openai::ErrorResponse;
 use kvgate_tokenize::prefix_cache::PrefixCacheConfig;
 use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::ChatTokenizer;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -103,8 +103,20 @@ fn app(shared: &Arc<Shared>) -> Router {
         .with_state(Arc::clone(shared))
 }
 
+/// Pending connections the kernel queues for us. `TcpListener::bind` asks
+/// for 128, which a burst of clients overflows while the accept loop is
+/// busy (dropped SYNs cost the client a 1 s retransmit); the kernel caps
+/// this at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 4096;
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
-    TcpListener::bind(addr).await.map_err(|source| StartError::Bind { addr, source })
+    let listen = || {
+        let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }?;
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        socket.listen(LISTEN_BACKLOG)
+    };
+    listen().map_err(|source| StartError::Bind { addr, source })
 }
 
 /// Accepts connections until `stop` is set; each connection then finishes
@@ -119,6 +131,8 @@ fn serve(
     let header_timeout = Duration::from_millis(limits.header_read_timeout_ms);
     // hyper refuses buffers under 8 KiB.
     let max_buf = limits.max_header_bytes.max(8192);
+    let connections = Arc::clone(&shared.connections);
+    let (open, refused) = shared.metrics.connection_metrics();
     tokio::spawn(async move {
         let mut stop_accept = stop.clone();
         loop {
@@ -134,10 +148,20 @@ fn serve(
                 },
                 _ = async { let _ = stop_accept.wait_for(|v| *v).await; } => break,
             };
+            // Past the connection limit: close at once rather than hold
+            // the socket (idle connections are what a flood is made of).
+            let Ok(permit) = Arc::clone(&connections).try_acquire_owned() else {
+                refused.inc();
+                drop(stream);
+                continue;
+            };
             let _ = stream.set_nodelay(true);
             let svc = TowerToHyperService::new(app.clone());
             let mut stop_conn = stop.clone();
+            let open = open.clone();
+            open.inc();
             tokio::spawn(async move {
+                let _permit = permit;
                 let mut builder = hyper::server::conn::http1::Builder::new();
                 builder
                     .timer(TokioTimer::new())
@@ -152,6 +176,7 @@ fn serve(
                         let _ = conn.await;
                     }
                 }
+                open.dec();
             });
         }
     })
@@ -198,6 +223,7 @@ impl Gateway {
         let (closing, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             inflight: Arc::new(Semaphore::new(config.limits.max_concurrent_requests)),
+            connections: Arc::new(Semaphore::new(config.limits.max_connections)),
             tokenizer: Arc::new(tokenizer),
             index: std::sync::RwLock::new(Index::new()),
             router: std::sync::Mutex::new(router),

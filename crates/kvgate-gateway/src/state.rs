@@ -111,6 +111,8 @@ pub(crate) struct Shared {
     pub(crate) client: reqwest::Client,
     pub(crate) metrics: Metrics,
     pub(crate) inflight: Arc<Semaphore>,
+    /// Client connections open, bounded by `limits.max_connections`.
+    pub(crate) connections: Arc<Semaphore>,
     pub(crate) started: Instant,
     /// The fleet's one block size (validated at startup).
     pub(crate) block_size: u32,

@@ -306,6 +306,21 @@ mod tests {
         );
     }
 
+    /// Found by fuzz/openai_request: without serde_json's `float_roundtrip`
+    /// a re-serialised unknown number could come back one ULP off.
+    #[test]
+    fn unknown_numbers_survive_reserialisation_exactly() {
+        for n in ["1.6666666666666663e+40", "0.1", "2.2250738585072014e-308", "0.30000000000000004"]
+        {
+            let body = format!(r#"{{"messages":[],"x":{n},"temperature":{n}}}"#);
+            let req = ChatCompletionRequest::from_slice(body.as_bytes()).unwrap();
+            let again = ChatCompletionRequest::from_slice(&req.to_vec().unwrap()).unwrap();
+            assert_eq!(again, req, "{n}");
+            let v: f64 = n.parse().unwrap();
+            assert_eq!(req.extra["x"].as_f64(), Some(v), "{n} parsed inexactly");
+        }
+    }
+
     #[test]
     fn body_with_prompt_token_ids_appends_to_the_clients_bytes() {
         let body = br#" {"model":"m", "messages":[{"role":"user","content":"hi"}],"x":{"y":[1]}}

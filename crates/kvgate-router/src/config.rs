@@ -130,8 +130,10 @@ pub struct CostModelConfig {
     /// quadratically from `kv_pressure_start`.
     pub kv_pressure_ms: f64,
     /// Weight of the fleet-wide prefill work a choice adds (its uncached
-    /// tokens), as a fraction of their prefill time. It breaks near-ties
-    /// toward cache reuse and is the same everywhere when nothing is cached.
+    /// tokens), as a multiple of their prefill time: the delay they cause the
+    /// requests queued behind them. Favours cache reuse beyond this request's
+    /// own TTFT; the same everywhere when nothing is cached. 3 was chosen
+    /// from the Mooncake replay (docs/routing.md).
     pub work_weight: f64,
     /// Output tokens assumed when a request gives no `max_tokens`.
     pub default_output_tokens: u32,
@@ -148,7 +150,7 @@ impl Default for CostModelConfig {
             decode_per_seq_ms: 0.05,
             kv_pressure_start: 0.8,
             kv_pressure_ms: 2_000.0,
-            work_weight: 0.2,
+            work_weight: 3.0,
             default_output_tokens: 256,
         }
     }

@@ -11,7 +11,9 @@
 //! interf.  = steps × (decode_step + decode_per_seq × D)   if D > 0, else 0
 //! ttft     = queue + prefill + transfer + interf. + overhead      (calibrated)
 //! pressure = kv_pressure × ((u - start) / (1 - start))²    u: KV occupancy after booking
-//! cost     = ttft + pressure + work_weight × σ × U
+//! cost     = ttft + pressure + work_weight × busy × σ × (U − U_min)
+//! busy     = 1 if anything is queued or decoding there, else 0
+//! U_min    = the fewest uncached tokens of any candidate
 //! ```
 //!
 //! Every term is non-decreasing in the load (P, D, occupancy) and
@@ -101,7 +103,9 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
     } else {
         0.0
     };
-    let cost = ttft_s + pressure_s + c.work_weight * prefill_s;
+    // The fleet-work charge depends on the other candidates; the caller
+    // adds it (`work_charge`).
+    let cost = ttft_s + pressure_s;
     Prediction {
         uncached_tokens: uncached,
         queue_s,
@@ -113,6 +117,22 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
         pressure_s,
         cost,
     }
+}
+
+/// The fleet-work charge of a candidate (docs/routing.md): its prefill
+/// beyond the fewest uncached tokens any candidate has (`floor_tokens`)
+/// delays whoever shares the replica with it, the requests queued behind it
+/// and every sequence decoding meanwhile, so it costs `work_weight` times its
+/// duration on a busy replica. An idle replica delays nobody, so a burst
+/// still spreads over idle replicas; and with no reuse anywhere every
+/// candidate has the same uncached tokens, so there is no charge and the
+/// cost orders replicas by load alone.
+pub fn work_charge(c: &CostModelConfig, p: &Prediction, floor_tokens: u64, busy: bool) -> f64 {
+    if !busy || p.uncached_tokens == 0 {
+        return 0.0;
+    }
+    let extra = p.uncached_tokens.saturating_sub(floor_tokens) as f64;
+    c.work_weight * p.prefill_s * extra / p.uncached_tokens as f64
 }
 
 #[cfg(test)]
@@ -154,9 +174,17 @@ mod tests {
             &CostInputs { cached_blocks: 0, kv_used_blocks: 1_000, kv_new_blocks: 285, ..base },
         );
         let r = |x: f64| (x * 10_000.0).round() / 10_000.0;
-        assert_eq!([r(a.ttft_s), r(a.pressure_s), r(a.cost)], [0.7996, 0.1399, 0.942]);
-        assert_eq!([r(b.ttft_s), r(b.transfer_s), r(b.cost)], [0.1808, 0.0128, 0.1833]);
-        assert_eq!([r(cold.ttft_s), r(cold.cost)], [0.2885, 0.3422]);
+        assert_eq!([r(a.ttft_s), r(a.pressure_s), r(a.cost)], [0.7996, 0.1399, 0.9395]);
+        assert_eq!([r(b.ttft_s), r(b.transfer_s), r(b.cost)], [0.1808, 0.0128, 0.1808]);
+        assert_eq!([r(cold.ttft_s), r(cold.cost)], [0.2885, 0.2885]);
         assert_eq!(cold.uncached_tokens, 4296);
+        // The fleet-work charge: A and B need only the 200-token question
+        // (the floor), so neither is charged; C would add 4,096 more tokens
+        // but is idle. Were C busy, it would pay 3 × 4096/16000 s.
+        let floor = a.uncached_tokens.min(b.uncached_tokens).min(cold.uncached_tokens);
+        assert_eq!(floor, 200);
+        assert_eq!(work_charge(&c, &a, floor, true), 0.0);
+        assert_eq!(work_charge(&c, &cold, floor, false), 0.0);
+        assert_eq!(r(work_charge(&c, &cold, floor, true)), 0.768);
     }
 }

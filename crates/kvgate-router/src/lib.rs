@@ -42,7 +42,7 @@ pub use config::{
     AdmissionMode, ApproxPrefixConfig, CalibrationConfig, CostModelConfig, PolicyKind,
     RouterConfig, Selection,
 };
-pub use cost::{predict, CostInputs, Prediction};
+pub use cost::{predict, work_charge, CostInputs, Prediction};
 pub use decide::{Decision, RejectReason, RouteRequest, Routed};
 pub use error::RouterError;
 pub use explain::{Candidate, Explanation, Reason};

@@ -625,12 +625,19 @@ fn emit_evictions(
     if evicted.is_empty() {
         return;
     }
-    events.push(Event::Removed(BlockRemoved {
+    let gpu_removed = Event::Removed(BlockRemoved {
         block_hashes: evicted.iter().map(|(m, _)| hasher.publish(&m.hash)).collect(),
         medium: Some(Medium::Gpu),
         group_idx: None,
-    }));
-    let Some(cpu) = cpu else { return };
+    });
+    let Some(cpu) = cpu else {
+        events.push(gpu_removed);
+        return;
+    };
+    // The CPU copy is announced before the GPU block goes, as in vLLM, whose
+    // offloading connector has stored a block to CPU by the time the GPU
+    // frees it: a subscriber that saw the removal first would have forgotten
+    // the hash, and the hash-only CPU placeholder would name nothing.
     for (meta, tokens) in evicted {
         let (new, dropped) = cpu.insert(meta.hash);
         if let Some(old) = dropped {
@@ -655,6 +662,7 @@ fn emit_evictions(
             events.push(Event::Stored(ev));
         }
     }
+    events.push(gpu_removed);
 }
 
 /// Deterministic EOS draw for output token `k` of request `id`: splitmix64

@@ -32,6 +32,10 @@ pub(crate) enum Command {
     /// routes on live KV state and streams the answer back. With no replicas
     /// configured it starts simulated ones on loopback. See docs/config.md.
     Serve(Box<ServeArgs>),
+    /// Replay a trace or a generated workload through a fleet under every
+    /// policy and compare TTFT, KV hit rate (against the oracle bounds), load
+    /// imbalance and decision time. See docs/replay.md.
+    Replay(Box<crate::replay_cmd::ReplayArgs>),
 }
 
 /// `kvgate serve`. Every setting is a key of the config file

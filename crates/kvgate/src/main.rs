@@ -1,10 +1,11 @@
 //! `kvgate`: the one binary. A thin shell over the library crates: it parses
 //! flags, sets up logging and a runtime, and hands off to one subcommand.
-//! `replay` arrives with its issue.
 
 mod cli;
 mod config_file;
 mod events_tail;
+mod replay_cmd;
+mod replay_live;
 mod serve_cmd;
 mod sim_cmd;
 mod tokenize_cmd;
@@ -38,6 +39,7 @@ fn run() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(sim_cmd::run(*args))
         }
+        cli::Command::Replay(args) => replay_cmd::run(&args),
         cli::Command::Serve(args) => {
             let config = serve_cmd::config(&args)?;
             if args.print_config {

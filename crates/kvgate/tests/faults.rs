@@ -216,3 +216,100 @@ async fn a_restarted_replica_is_not_credited_with_its_old_cache() {
     assert!(ghosts.is_empty(), "{} ghost blocks after the restart", ghosts.len());
     assert!(view.is_disjoint(&before.difference(&truth).copied().collect()));
 }
+
+/// Sends a streaming request; returns (replica, SSE data payloads).
+async fn stream(base: &str, prompt: &[u32], max_tokens: u32) -> (String, Vec<String>) {
+    let r = client()
+        .post(format!("{base}/v1/completions"))
+        .json(&token_completion(prompt, max_tokens, true))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    let replica = r.headers()["x-kvgate-replica"].to_str().unwrap().to_owned();
+    let body = r.text().await.unwrap();
+    let data = body
+        .split("\n\n")
+        .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data: ")).map(str::to_owned))
+        .collect();
+    (replica, data)
+}
+
+/// A replica that stalls mid-stream: the idle timeout ends its streams with
+/// a well-formed SSE error, the failures take it out of rotation, and the
+/// traffic moves to the healthy replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_replica_times_out_and_traffic_moves() {
+    let stalled = spawn_sim(None, true, &["--speedup", "20", "--stall-after-tokens", "1"]);
+    let healthy = spawn_sim(None, true, &["--speedup", "20"]);
+    let serve = spawn_serve(
+        &[&stalled, &healthy],
+        &["--set", "limits.stream_idle_timeout_ms=600", "--set", "monitor.health_interval_ms=5000"],
+    );
+    wait_ready(&serve.base).await;
+    let ps = prompts(16, 7);
+    let mut by_replica = std::collections::HashMap::<String, usize>::new();
+    let mut timeouts = 0;
+    for chunk in ps.chunks(4) {
+        let sends = chunk.iter().map(|p| stream(&serve.base, p, 6));
+        for (replica, data) in futures_util::future::join_all(sends).await {
+            *by_replica.entry(replica.clone()).or_default() += 1;
+            assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{replica}: {data:?}");
+            let errors: Vec<Value> = data
+                .iter()
+                .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                .filter(|v| v.get("error").is_some())
+                .collect();
+            if replica == "r0" {
+                assert_eq!(errors.len(), 1, "stalled stream must end in one error: {data:?}");
+                assert!(errors[0]["error"]["message"].as_str().unwrap().contains("sent nothing"));
+                timeouts += 1;
+            } else {
+                assert!(errors.is_empty(), "{data:?}");
+            }
+        }
+    }
+    eprintln!("requests per replica: {by_replica:?}");
+    assert!(timeouts >= 1, "no request reached the stalled replica: {by_replica:?}");
+    let (stalled_n, healthy_n) = (by_replica.get("r0").copied().unwrap_or(0), by_replica["r1"]);
+    assert!(stalled_n <= 4 && healthy_n >= 12, "traffic did not move: {by_replica:?}");
+    assert_eq!(replica_state(&serve, "r0").await["health"], "down");
+}
+
+/// A client that disconnects mid-stream: the engine request is aborted and
+/// the booking released; the ledger returns to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_disconnect_cancels_the_engine_request_and_the_booking() {
+    let sim = spawn_sim(None, true, &["--speedup", "1"]);
+    let serve = spawn_serve(&[&sim], &[]);
+    wait_ready(&serve.base).await;
+    for p in prompts(3, 8) {
+        let r = client()
+            .post(format!("{}/v1/completions", serve.base))
+            .json(&token_completion(&p, 2000, true))
+            .send()
+            .await
+            .unwrap();
+        let mut body = r.bytes_stream();
+        use futures_util::StreamExt;
+        let first = body.next().await.unwrap().unwrap();
+        assert!(first.starts_with(b"data: "), "{first:?}");
+        drop(body);
+    }
+    assert!(metric(&sim.url, "vllm:num_requests_running").await >= 0.0);
+    let t0 = Instant::now();
+    loop {
+        let engine = metric(&sim.url, "vllm:num_requests_running").await
+            + metric(&sim.url, "vllm:num_requests_waiting").await;
+        let ledger = metric(&serve.base, "kvgate_ledger_requests").await;
+        if engine == 0.0 && ledger == 0.0 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "engine still runs {engine} requests, ledger holds {ledger}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(metric(&serve.base, "kvgate_stream_errors_total").await >= 3.0);
+}

@@ -1,0 +1,50 @@
+//! `kvgate-replay`: replay a workload through a simulated fleet under every
+//! routing policy, and report what each policy achieved against the
+//! physical bounds. This crate is the library behind `kvgate replay`.
+//!
+//! Fast mode is sans-IO and single-threaded per run: virtual time,
+//! `kvgate-sim`'s engine model per replica, one `kvgate-index` fed by the
+//! engines' own KV events, and `kvgate-router`'s `Router::decide` for every
+//! request. No HTTP, no tokio, no clock reads except the measured wall time of
+//! each decision.
+//!
+//! Code map:
+//! - `workload.rs`: a workload's requests; Mooncake JSONL and OpenAI
+//!   `messages` files with line-numbered errors; format detection.
+//! - `synthetic.rs`: seeded generators (`chat`, `agentic`, `noreuse`).
+//! - `capacity.rs`: the acceptance fleet and its KV capacity derivation.
+//! - `oracle.rs`: the pooled-LRU oracle and the unlimited-cache ceiling.
+//! - `fleet.rs`: the virtual-time discrete-event fleet (engines, index,
+//!   router, deliveries).
+//! - `metrics.rs`: per-run summaries (TTFT, ITL, E2E, hit rate, imbalance).
+//! - `run.rs`: comparisons, rate sweeps and the automatic load levels.
+//! - `report.rs`: the JSON schema and the terminal table.
+//! - `plots.rs`: SVG charts.
+
+mod capacity;
+mod error;
+mod fleet;
+mod metrics;
+mod oracle;
+mod plots;
+mod report;
+mod run;
+mod synthetic;
+mod workload;
+
+pub use capacity::{FleetSpec, KvMemoryModel};
+pub use error::ReplayError;
+pub use fleet::{Fleet, LoadSample, Record};
+pub use metrics::{max_over_mean, Distribution, RunSummary};
+pub use oracle::{oracle_hit_rates, OracleHitRates, PooledLru};
+pub use plots::write_plots;
+pub use report::{render_table, Report, WorkloadInfo};
+pub use run::{
+    find_load_levels, run_matrix, run_policy, run_policy_fleet, Level, LevelSearch, Progress,
+    RunOptions,
+};
+pub use synthetic::{SyntheticKind, SyntheticSpec};
+pub use workload::{
+    detect_format, mooncake_tokens, parse_messages, parse_mooncake, LineError, Prompt, TraceFormat,
+    TraceRequest, Workload, MOONCAKE_BLOCK_TOKENS,
+};

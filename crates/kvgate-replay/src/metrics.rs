@@ -1,0 +1,211 @@
+//! One run's summary: latency distributions, throughput, the engine-side hit
+//! rate against the bounds, load imbalance and decision time. The field
+//! names are the JSON schema (`docs/replay.md`).
+
+use serde::Serialize;
+
+use crate::fleet::{Fleet, LoadSample};
+use crate::oracle::OracleHitRates;
+
+/// Mean and nearest-rank percentiles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Distribution {
+    /// Arithmetic mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Distribution {
+    /// Of `xs` (sorted in place); all zero when empty.
+    pub fn of(xs: &mut [f64]) -> Distribution {
+        if xs.is_empty() {
+            return Distribution::default();
+        }
+        xs.sort_by(f64::total_cmp);
+        let q = |q: f64| {
+            let k = ((q * xs.len() as f64).ceil() as usize).clamp(1, xs.len()) - 1;
+            xs[k]
+        };
+        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+        Distribution { mean, p50: q(0.5), p90: q(0.9), p99: q(0.99) }
+    }
+}
+
+/// Everything measured in one run of one policy at one load level.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunSummary {
+    /// The policy's name.
+    pub policy: String,
+    /// Offered request rate, requests/s (the workload's rate × `rate_scale`).
+    pub rate: f64,
+    /// Multiple of the workload's own rate.
+    pub rate_scale: f64,
+    /// Requests in the workload.
+    pub requests: u64,
+    /// Requests that finished.
+    pub completed: u64,
+    /// Requests not served (refused or rejected by the engine).
+    pub unserved: u64,
+    /// Time to first token, ms.
+    pub ttft_ms: Distribution,
+    /// Mean inter-token latency per request, ms (requests with ≥ 2 tokens).
+    pub itl_ms: Distribution,
+    /// Arrival to last token, ms.
+    pub e2e_ms: Distribution,
+    /// Output tokens per second of virtual time (first arrival to last token).
+    pub throughput_tok_s: f64,
+    /// Prompt tokens per second over the same span.
+    pub prompt_tok_s: f64,
+    /// Engine counters: (GPU + CPU-tier hit tokens) ÷ queried tokens, as
+    /// vLLM's `prefix_cache_hits` and external hits over `prefix_cache_queries`.
+    pub hit_rate: f64,
+    /// Σ cached tokens at first admission ÷ Σ prompt tokens.
+    pub first_admission_hit_rate: f64,
+    /// The pooled-LRU oracle's hit rate (fleet GPU + CPU capacity).
+    pub oracle_hit_rate: f64,
+    /// The unlimited cache's hit rate.
+    pub ceiling_hit_rate: f64,
+    /// `hit_rate ÷ oracle_hit_rate`.
+    pub hit_rate_vs_oracle: f64,
+    /// `first_admission_hit_rate ÷ oracle_hit_rate` (neither counts
+    /// re-admissions after preemption).
+    pub first_admission_vs_oracle: f64,
+    /// Max ÷ mean of the prefill tokens each replica computed.
+    pub load_imbalance: f64,
+    /// Max ÷ mean of the requests each replica served.
+    pub request_imbalance: f64,
+    /// Requests per replica.
+    pub replica_requests: Vec<u64>,
+    /// Wall-clock time of `Router::decide`, µs.
+    pub decision_us: Distribution,
+    /// Ingress CPU per request, µs; live mode only (null in fast mode).
+    pub ingress_cpu_us_per_req: Option<f64>,
+    /// Engine preemptions, fleet-wide.
+    pub preemptions: u64,
+    /// Virtual seconds from the first arrival to the last token.
+    pub makespan_s: f64,
+    /// Wall-clock seconds the run took.
+    pub wall_s: f64,
+    /// TTFT of every served request, seconds (for charts).
+    #[serde(skip)]
+    pub ttft_s: Vec<f64>,
+    /// Per-replica load over time (for charts).
+    #[serde(skip)]
+    pub load: Vec<LoadSample>,
+}
+
+/// Max ÷ mean of `xs` (1 when the mean is 0): the imbalance measure.
+pub fn max_over_mean(xs: &[f64]) -> f64 {
+    let mean = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+    let max = xs.iter().copied().fold(0.0, f64::max);
+    if mean > 0.0 {
+        max / mean
+    } else {
+        1.0
+    }
+}
+
+impl RunSummary {
+    /// Summarises a finished run.
+    pub fn from_fleet(
+        policy: &str,
+        rate: f64,
+        rate_scale: f64,
+        fleet: &Fleet,
+        bounds: OracleHitRates,
+        wall_s: f64,
+    ) -> RunSummary {
+        let recs = &fleet.records;
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+        let mut ttft_s = Vec::with_capacity(recs.len());
+        let (mut ttft, mut itl, mut e2e, mut decide) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut out_tokens, mut prompt_tokens, mut cached, mut completed) = (0u64, 0u64, 0u64, 0);
+        let mut replica_requests = vec![0u64; fleet.prefill_tokens.len()];
+        let mut end = std::time::Duration::ZERO;
+        for r in recs {
+            decide.push(r.decide_ns as f64 / 1000.0);
+            if let Some(i) = r.replica {
+                replica_requests[i] += 1;
+            }
+            if let Some(first) = r.first_token_at {
+                ttft.push(ms(first - r.arrival));
+                ttft_s.push((first - r.arrival).as_secs_f64());
+                prompt_tokens += u64::from(r.prompt_tokens);
+                cached += u64::from(r.cached_tokens);
+                if let Some(done) = r.finished_at {
+                    completed += 1;
+                    end = end.max(done);
+                    out_tokens += u64::from(r.output_tokens);
+                    e2e.push(ms(done - r.arrival));
+                    if r.output_tokens > 1 {
+                        itl.push(ms(done - first) / f64::from(r.output_tokens - 1));
+                    }
+                }
+            }
+        }
+        let start = recs.first().map_or(std::time::Duration::ZERO, |r| r.arrival);
+        let span = (end.saturating_sub(start)).as_secs_f64().max(1e-9);
+        let stats = fleet.engine_stats();
+        let queries: u64 = stats.iter().map(|s| s.prefix_cache_queries).sum();
+        let hits: u64 = stats.iter().map(|s| s.prefix_cache_hits + s.external_hit_tokens).sum();
+        let hit_rate = if queries == 0 { 0.0 } else { hits as f64 / queries as f64 };
+        let first_admission =
+            if prompt_tokens == 0 { 0.0 } else { cached as f64 / prompt_tokens as f64 };
+        let prefill: Vec<f64> = fleet.prefill_tokens.iter().map(|&t| t as f64).collect();
+        let reqs: Vec<f64> = replica_requests.iter().map(|&t| t as f64).collect();
+        RunSummary {
+            policy: policy.to_owned(),
+            rate,
+            rate_scale,
+            requests: recs.len() as u64,
+            completed,
+            unserved: fleet.unserved,
+            ttft_ms: Distribution::of(&mut ttft),
+            itl_ms: Distribution::of(&mut itl),
+            e2e_ms: Distribution::of(&mut e2e),
+            throughput_tok_s: out_tokens as f64 / span,
+            prompt_tok_s: prompt_tokens as f64 / span,
+            hit_rate,
+            first_admission_hit_rate: first_admission,
+            oracle_hit_rate: bounds.oracle,
+            ceiling_hit_rate: bounds.ceiling,
+            hit_rate_vs_oracle: if bounds.oracle > 0.0 { hit_rate / bounds.oracle } else { 0.0 },
+            first_admission_vs_oracle: if bounds.oracle > 0.0 {
+                first_admission / bounds.oracle
+            } else {
+                0.0
+            },
+            load_imbalance: max_over_mean(&prefill),
+            request_imbalance: max_over_mean(&reqs),
+            replica_requests,
+            decision_us: Distribution::of(&mut decide),
+            ingress_cpu_us_per_req: None,
+            preemptions: stats.iter().map(|s| s.preemptions).sum(),
+            makespan_s: span,
+            wall_s,
+            ttft_s,
+            load: fleet.samples.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let mut xs: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        let d = Distribution::of(&mut xs);
+        assert_eq!((d.p50, d.p90, d.p99), (50.0, 90.0, 99.0));
+        assert!((d.mean - 50.5).abs() < 1e-12);
+        assert_eq!(Distribution::of(&mut []), Distribution::default());
+        assert_eq!(max_over_mean(&[1.0, 1.0, 4.0]), 2.0);
+    }
+}

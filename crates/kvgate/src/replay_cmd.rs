@@ -1,0 +1,391 @@
+//! `kvgate replay`: replay a trace or a generated workload through a fleet
+//! under every policy, and report TTFT, hit rate against the physical
+//! bounds, load imbalance and decision time (docs/replay.md). Fast mode runs
+//! in virtual time on `kvgate-replay`; live mode (`replay_live.rs`) sends the
+//! same workload over HTTP through real kvgate and `kvgate sim` processes.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvgate_replay::{
+    detect_format, find_load_levels, oracle_hit_rates, parse_messages, parse_mooncake,
+    render_table, run_matrix, write_plots, FleetSpec, Report, RunOptions, SyntheticSpec,
+    TraceFormat, Workload, WorkloadInfo,
+};
+use kvgate_router::{PolicyKind, RouterConfig};
+
+use crate::replay_live::{run_live, LiveOptions, LiveRun};
+use kvgate_sim::TimingModel;
+
+/// The policies compared by default: kv_aware and the baselines of issue 7.
+const DEFAULT_POLICIES: &str =
+    "kv_aware,linear_blocks,approx_prefix,least_load,power_of_two,round_robin";
+
+/// How the replay runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Mode {
+    /// Virtual time, in process: kvgate-sim engines and kvgate-router, no HTTP.
+    Fast,
+    /// Real time over HTTP: spawned kvgate + `kvgate sim` replicas, or --target.
+    Live,
+}
+
+/// The trace formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Format {
+    /// Detect from the first lines (`hash_ids` → mooncake, `messages` → messages).
+    Auto,
+    /// Mooncake JSONL: timestamp (ms), input_length, output_length, hash_ids (512-token blocks).
+    Mooncake,
+    /// OpenAI chat bodies, one per line: messages, optional timestamp (ms) and max_tokens.
+    Messages,
+}
+
+/// `kvgate replay`. The default fleet is issue 7's acceptance fleet: 8
+/// replicas of the calibrated Qwen3-32B preset, 16-token blocks, GPU blocks
+/// derived from the model's KV bytes per token (docs/sim.md), a CPU tier of 4×.
+#[derive(Debug, Args)]
+pub(crate) struct ReplayArgs {
+    /// fast: virtual time, in process (default); live: real time over HTTP through
+    /// kvgate and `kvgate sim` processes (or a running kvgate, --target), engines at --speedup.
+    #[arg(long, value_enum, default_value_t = Mode::Fast)]
+    pub(crate) mode: Mode,
+    /// A trace file: Mooncake JSONL or OpenAI `messages` lines.
+    #[arg(long, value_name = "FILE", conflicts_with = "workload")]
+    pub(crate) trace: Option<PathBuf>,
+    /// The trace's format.
+    #[arg(long, value_enum, default_value_t = Format::Auto)]
+    pub(crate) format: Format,
+    /// A generated workload: `synthetic:chat|agentic|noreuse[,key=value...]`.
+    /// chat: seed, conversations, turns, system_prompts, system_tokens, user_tokens,
+    /// output_tokens, think_s, rate. agentic: seed, sessions, steps, shared_tokens,
+    /// context_tokens, step_tokens, output_tokens, step_s, rate. noreuse: seed,
+    /// requests, input_tokens, output_tokens, rate. See docs/replay.md.
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) workload: Option<String>,
+    /// Fail on the first malformed trace line instead of reporting and skipping it.
+    #[arg(long)]
+    pub(crate) strict: bool,
+    /// Replay only the first N requests (by arrival).
+    #[arg(long, value_name = "N")]
+    pub(crate) limit: Option<usize>,
+    /// Replay at this multiple of the workload's own request rate (arrival times ÷ X).
+    #[arg(long, value_name = "X", default_value_t = 1.0)]
+    pub(crate) rate_scale: f64,
+    /// Load levels: comma-separated rate scales (`0.5,1,2,4`), or `auto` to find the
+    /// scales at which least_load's mean TTFT is each of --levels × its unloaded TTFT.
+    /// Replaces --rate-scale.
+    #[arg(long, value_name = "LIST|auto")]
+    pub(crate) sweep_rate: Option<String>,
+    /// Targets of `--sweep-rate auto`: least_load mean TTFT ÷ unloaded TTFT.
+    #[arg(long, value_name = "LIST", default_value = "1.2,2,4,8")]
+    pub(crate) levels: String,
+    /// Rate scale of the unloaded reference run of `--sweep-rate auto`.
+    #[arg(long, value_name = "X", default_value_t = 0.05)]
+    pub(crate) unloaded_rate_scale: f64,
+    /// Most bisection probes per level of `--sweep-rate auto`.
+    #[arg(long, value_name = "N", default_value_t = 6)]
+    pub(crate) bisect_iterations: usize,
+    /// A level of `--sweep-rate auto` is found within this relative distance of its target.
+    #[arg(long, value_name = "F", default_value_t = 0.05)]
+    pub(crate) bisect_tolerance: f64,
+    /// Live mode: run the simulated engines this many times faster than real time
+    /// (arrivals are compressed alike; latencies are reported in engine time). Default 1.
+    /// Fast mode runs in virtual time and ignores it.
+    #[arg(long, value_name = "X")]
+    pub(crate) speedup: Option<f64>,
+    /// Policies to compare, comma-separated: kv_aware, linear_blocks, approx_prefix,
+    /// least_load, power_of_two, round_robin, random, session_affinity.
+    #[arg(long, value_name = "LIST", default_value = DEFAULT_POLICIES)]
+    pub(crate) policies: String,
+    /// Seed of every router (and of generated workloads, unless the spec sets one).
+    #[arg(long, default_value_t = 42)]
+    pub(crate) seed: u64,
+    /// Simulated replicas.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub(crate) replicas: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) block_size: u32,
+    /// GPU KV blocks per replica (default: derived for Qwen3-32B on 2×H100, docs/sim.md).
+    #[arg(long, value_name = "N")]
+    pub(crate) num_gpu_blocks: Option<u32>,
+    /// CPU offload blocks per replica (default: 4 × GPU blocks; 0: no CPU tier).
+    #[arg(long, value_name = "N")]
+    pub(crate) num_cpu_blocks: Option<u32>,
+    /// Per-step token budget of each engine.
+    #[arg(long, default_value_t = 8192)]
+    pub(crate) max_num_batched_tokens: u32,
+    /// Most running requests per engine.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) max_num_seqs: u32,
+    /// Engine timing preset: llmd_qwen3_32b or dynamo_mocker.
+    #[arg(long, default_value = "llmd_qwen3_32b")]
+    pub(crate) timing: String,
+    /// Delay between an engine step's end and its KV events reaching the index, ms.
+    #[arg(long, value_name = "MS", default_value_t = 1.0)]
+    pub(crate) event_delay_ms: f64,
+    /// Runs in parallel (each run is single-threaded); default: the machine's cores.
+    #[arg(long, value_name = "N")]
+    pub(crate) jobs: Option<usize>,
+    /// Write the report as JSON to FILE (`-`: stdout, and the table goes to stderr).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+    /// Write SVG charts into DIR.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) plots: Option<PathBuf>,
+    /// Live mode: replay against this running kvgate (`http://HOST:PORT`) instead of
+    /// spawning kvgate and `kvgate sim` replicas. Its policy is its own: name it with
+    /// a single --policies entry. Hit rate then comes from the responses' cached_tokens.
+    #[arg(long, value_name = "URL")]
+    pub(crate) target: Option<String>,
+    /// Live mode with --target: the kvgate process id, to measure its ingress CPU (same machine).
+    #[arg(long, value_name = "PID", requires = "target")]
+    pub(crate) target_pid: Option<u32>,
+    /// Live mode: client key for the target kvgate.
+    #[arg(long, value_name = "KEY", env = "KVGATE_API_KEY", hide_env_values = true)]
+    pub(crate) api_key: Option<String>,
+    /// Live mode: most requests in flight at once from this client.
+    #[arg(long, value_name = "N", default_value_t = 2048)]
+    pub(crate) max_in_flight: usize,
+    /// Live mode: the served model name sent in requests.
+    #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
+    pub(crate) model: String,
+}
+
+fn parse_list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
+    s.split(',')
+        .filter(|x| !x.trim().is_empty())
+        .map(|x| {
+            let v: f64 =
+                x.trim().parse().with_context(|| format!("{what}: {x:?} is not a number"))?;
+            if !(v.is_finite() && v > 0.0) {
+                bail!("{what}: {v} must be a number > 0");
+            }
+            Ok(v)
+        })
+        .collect()
+}
+
+fn load_workload(args: &ReplayArgs) -> anyhow::Result<Workload> {
+    let mut w = match (&args.trace, &args.workload) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let name = path
+                .file_name()
+                .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+            let format = match args.format {
+                Format::Auto => detect_format(&text)?,
+                Format::Mooncake => TraceFormat::Mooncake,
+                Format::Messages => TraceFormat::Messages,
+            };
+            match format {
+                TraceFormat::Mooncake => parse_mooncake(&text, args.strict, &name)?,
+                TraceFormat::Messages => {
+                    let tok = kvgate_tokenize::ChatTokenizer::bundled()
+                        .context("loading the bundled Qwen3 tokenizer")?;
+                    parse_messages(&text, args.strict, &name, &tok)?
+                }
+            }
+        }
+        (None, Some(spec)) => {
+            let spec: SyntheticSpec = spec.parse()?;
+            let explicit_seed = spec_sets_seed(args.workload.as_deref().unwrap_or(""));
+            spec.generate((!explicit_seed).then_some(args.seed))
+        }
+        (None, None) => bail!("give a workload: --trace FILE or --workload synthetic:KIND"),
+    };
+    for e in w.skipped.iter().take(20) {
+        eprintln!("kvgate replay: skipped {e}");
+    }
+    if w.skipped.len() > 20 {
+        eprintln!("kvgate replay: ... and {} more skipped lines", w.skipped.len() - 20);
+    }
+    if let Some(n) = args.limit {
+        w.truncate(n);
+    }
+    if w.requests.is_empty() {
+        bail!("the workload has no requests");
+    }
+    Ok(w)
+}
+
+fn spec_sets_seed(spec: &str) -> bool {
+    spec.split(',').any(|kv| kv.trim_start().starts_with("seed="))
+}
+
+fn fleet_spec(args: &ReplayArgs) -> anyhow::Result<FleetSpec> {
+    let mut f = FleetSpec::acceptance();
+    f.replicas = args.replicas;
+    let timing = TimingModel::preset(&args.timing).with_context(|| {
+        format!("unknown timing preset {:?}; expected llmd_qwen3_32b or dynamo_mocker", args.timing)
+    })?;
+    f.engine.timing = timing;
+    if args.block_size != f.engine.block_size {
+        // Keep the KV memory, not the block count, when blocks change size.
+        let tokens = u64::from(f.engine.num_gpu_blocks) * u64::from(f.engine.block_size);
+        f.engine.num_gpu_blocks = (tokens / u64::from(args.block_size.max(1))) as u32;
+        f.engine.block_size = args.block_size;
+    }
+    if let Some(n) = args.num_gpu_blocks {
+        f.engine.num_gpu_blocks = n;
+    }
+    f.engine.num_cpu_blocks =
+        args.num_cpu_blocks.unwrap_or(f.engine.num_gpu_blocks.saturating_mul(4));
+    f.engine.max_num_batched_tokens = args.max_num_batched_tokens;
+    f.engine.max_num_seqs = args.max_num_seqs;
+    if !(args.event_delay_ms.is_finite() && args.event_delay_ms >= 0.0) {
+        bail!("--event-delay-ms must be a number >= 0");
+    }
+    f.event_delay = std::time::Duration::from_secs_f64(args.event_delay_ms / 1000.0);
+    f.engine.validate().map_err(|e| anyhow::anyhow!("invalid engine settings: {e}"))?;
+    if f.replicas == 0 {
+        bail!("--replicas must be at least 1");
+    }
+    Ok(f)
+}
+
+fn progress_bar(len: u64, what: &str) -> ProgressBar {
+    // indicatif hides itself when stderr is not a terminal.
+    let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} requests ({elapsed}, eta {eta})")
+    {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb.set_message(what.to_owned());
+    pb
+}
+
+pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
+    if args.mode == Mode::Fast && args.speedup.is_some() {
+        eprintln!("kvgate replay: --speedup applies to live mode; fast mode runs in virtual time");
+    }
+    if args.mode == Mode::Fast && args.target.is_some() {
+        bail!("--target needs --mode live");
+    }
+    let policies: Vec<PolicyKind> = args
+        .policies
+        .split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| p.trim().parse::<PolicyKind>())
+        .collect::<Result<_, _>>()?;
+    if policies.is_empty() {
+        bail!("--policies names no policy");
+    }
+    let fleet = fleet_spec(args)?;
+    let workload = load_workload(args)?;
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let opts =
+        RunOptions { fleet: fleet.clone(), router: RouterConfig::default(), seed: args.seed, jobs };
+    let n = workload.requests.len() as u64;
+
+    let bounds = oracle_hit_rates(
+        &workload,
+        fleet.engine.block_size as usize,
+        fleet.total_blocks() as usize,
+    );
+    let (scales, levels) = match args.sweep_rate.as_deref() {
+        Some("auto") if args.mode == Mode::Live => {
+            bail!("--sweep-rate auto runs in fast mode only; give live mode a list of scales")
+        }
+        Some("auto") => {
+            let targets = parse_list(&args.levels, "--levels")?;
+            let pb = progress_bar(0, "finding load levels (least_load)");
+            let inc = |k: u64| {
+                pb.inc_length(k);
+                pb.inc(k);
+            };
+            let search = find_load_levels(
+                &workload,
+                &opts,
+                &targets,
+                args.unloaded_rate_scale,
+                args.bisect_iterations,
+                args.bisect_tolerance,
+                &inc,
+            )?;
+            pb.finish_and_clear();
+            (search.levels.iter().map(|l| l.rate_scale).collect(), Some(search))
+        }
+        Some(list) => (parse_list(list, "--sweep-rate")?, None),
+        None => {
+            if !(args.rate_scale.is_finite() && args.rate_scale > 0.0) {
+                bail!("--rate-scale must be a number > 0");
+            }
+            (vec![args.rate_scale], None)
+        }
+    };
+    let pb = progress_bar(n * (scales.len() * policies.len()) as u64, "replaying");
+    let runs = match args.mode {
+        Mode::Fast => {
+            let inc = |k: u64| pb.inc(k);
+            run_matrix(&workload, &policies, &scales, &opts, bounds, &inc)?
+        }
+        Mode::Live => {
+            if args.target.is_some() && policies.len() != 1 {
+                bail!("with --target the running kvgate's policy is used: name it with one --policies entry");
+            }
+            let live = LiveOptions {
+                target: args.target.clone(),
+                target_pid: args.target_pid,
+                api_key: args.api_key.clone(),
+                speedup: args.speedup.unwrap_or(1.0),
+                timing: args.timing.clone(),
+                max_in_flight: args.max_in_flight.max(1),
+                model: args.model.clone(),
+            };
+            let mut runs = Vec::new();
+            for &scale in &scales {
+                for policy in &policies {
+                    let base = pb.position();
+                    let set = |k: u64| pb.set_position(base + k);
+                    let run = LiveRun {
+                        workload: &workload,
+                        spec: &fleet,
+                        policy: policy.name(),
+                        seed: args.seed,
+                        rate_scale: scale,
+                        bounds,
+                    };
+                    runs.push(run_live(run, &live, &set)?);
+                }
+            }
+            runs
+        }
+    };
+    pb.finish_and_clear();
+
+    let report = Report::new(
+        args.seed,
+        WorkloadInfo::of(&workload),
+        &fleet,
+        (bounds.oracle, bounds.ceiling),
+        levels,
+        runs,
+    );
+    let table = render_table(&report);
+    match &args.json {
+        Some(p) if p.as_os_str() == "-" => {
+            eprint!("{table}");
+            println!("{}", report.to_json());
+        }
+        Some(p) => {
+            print!("{table}");
+            std::fs::write(p, report.to_json() + "\n")
+                .with_context(|| format!("writing {}", p.display()))?;
+        }
+        None => print!("{table}"),
+    }
+    if let Some(dir) = &args.plots {
+        let files = write_plots(dir, &report)?;
+        eprintln!("kvgate replay: wrote {} charts into {}", files.len(), dir.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,175 @@
+//! Hostile clients at the HTTP layer (issue 8), against a real `kvgate
+//! serve` process: slow-loris headers, oversized headers, and a flood of
+//! idle connections. Each must get a 4xx or a clean close; kvgate keeps
+//! serving and its memory stays bounded. (Bodies, JSON, UTF-8, models and
+//! context lengths are in serve_e2e.rs, `malformed_requests_get_openai_4xx`.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+fn addr(base: &str) -> String {
+    base.trim_start_matches("http://").to_owned()
+}
+
+/// Reads until the server closes (or `within` passes); returns what came.
+fn read_until_closed(s: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {
+    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let t0 = Instant::now();
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while t0.elapsed() < within {
+        match s.read(&mut buf) {
+            Ok(0) => return Some(out),
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return Some(out), // reset: closed too
+        }
+    }
+    None
+}
+
+fn status_of(response: &[u8]) -> Option<u16> {
+    let text = String::from_utf8_lossy(response);
+    text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_loris_headers_are_cut_off() {
+    let sim = spawn_sim(None, false, &[]);
+    let serve = spawn_serve(&[&sim], &["--set", "limits.header_read_timeout_ms=500"]);
+    wait_ready(&serve.base).await;
+    let a = addr(&serve.base);
+    let closed = tokio::task::spawn_blocking(move || {
+        let mut s = TcpStream::connect(&a).unwrap();
+        s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ").unwrap();
+        let t0 = Instant::now();
+        // One byte every 100 ms, never finishing the headers.
+        while t0.elapsed() < Duration::from_secs(5) {
+            if s.write_all(b"a").is_err() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            s.set_nonblocking(true).unwrap();
+            let mut b = [0u8; 512];
+            let r = s.read(&mut b);
+            s.set_nonblocking(false).unwrap();
+            match r {
+                Ok(0) | Err(_) if !matches!(r, Err(ref e) if e.kind() == ErrorKind::WouldBlock) => {
+                    return (t0.elapsed(), None);
+                }
+                Ok(n) => return (t0.elapsed(), status_of(&b[..n])),
+                _ => {}
+            }
+        }
+        (t0.elapsed(), Some(0))
+    })
+    .await
+    .unwrap();
+    let (after, status) = closed;
+    assert!(after < Duration::from_secs(2), "slow headers held the connection for {after:?}");
+    assert!(status.is_none_or(|s| (400..500).contains(&s)), "answered {status:?}");
+    // Still serving.
+    let ok = client().get(format!("{}/health", serve.base)).send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_headers_get_a_4xx_or_a_close() {
+    let sim = spawn_sim(None, false, &[]);
+    let serve = spawn_serve(&[&sim], &[]);
+    wait_ready(&serve.base).await;
+    let a = addr(&serve.base);
+    let (one_big, many) = tokio::task::spawn_blocking(move || {
+        let mut answers = Vec::new();
+        for headers in [
+            format!("X-Big: {}\r\n", "a".repeat(200 * 1024)),
+            (0..5000).map(|i| format!("X-H{i}: v\r\n")).collect::<String>(),
+        ] {
+            let mut s = TcpStream::connect(&a).unwrap();
+            let req = format!("GET /health HTTP/1.1\r\nHost: x\r\n{headers}\r\n");
+            let _ = s.write_all(req.as_bytes());
+            let got =
+                read_until_closed(&mut s, Duration::from_secs(5)).expect("connection held open");
+            answers.push(status_of(&got));
+        }
+        (answers[0], answers[1])
+    })
+    .await
+    .unwrap();
+    for status in [one_big, many] {
+        assert!(status.is_none_or(|s| (400..500).contains(&s)), "answered {status:?}");
+    }
+    let ok = client().get(format!("{}/health", serve.base)).send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+}
+
+/// 10,000 idle connections: past `limits.max_connections` they are closed
+/// at once, the rest are cut by the header-read timeout, memory stays
+/// bounded, and kvgate serves normally afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_idle_connections_are_bounded() {
+    let sim = spawn_sim(None, false, &[]);
+    let serve = spawn_serve(
+        &[&sim],
+        &["--set", "limits.max_connections=2000", "--set", "limits.header_read_timeout_ms=1500"],
+    );
+    wait_ready(&serve.base).await;
+    let pid = serve.proc.0.id();
+    let rss_before = rss_kib(pid);
+    let a = addr(&serve.base);
+    let (opened, rss_peak, closed) = tokio::task::spawn_blocking(move || {
+        let mut conns = Vec::new();
+        let t_connect = Instant::now();
+        for _ in 0..10_000 {
+            match TcpStream::connect(&a) {
+                Ok(s) => conns.push(s),
+                Err(e) => panic!("connect #{} failed: {e} (raise `ulimit -n`)", conns.len()),
+            }
+        }
+        eprintln!("10k connects took {:?}", t_connect.elapsed());
+        std::thread::sleep(Duration::from_millis(300));
+        let rss_peak = rss_kib(pid);
+        // Every connection ends: refused ones at once, the others at the
+        // header-read timeout.
+        let t0 = Instant::now();
+        let mut closed = 0;
+        for s in &mut conns {
+            let left = Duration::from_secs(10).saturating_sub(t0.elapsed());
+            if read_until_closed(s, left.max(Duration::from_millis(1))).is_some() {
+                closed += 1;
+            }
+        }
+        (conns.len(), rss_peak, closed)
+    })
+    .await
+    .unwrap();
+    assert_eq!(opened, 10_000);
+    assert_eq!(closed, 10_000, "connections still open after 10 s");
+    let refused = metric(&serve.base, "kvgate_connections_refused_total").await;
+    assert!(refused >= 7_000.0, "only {refused} refused past the limit of 2000");
+    let grown_mib = rss_peak.saturating_sub(rss_before) / 1024;
+    assert!(grown_mib < 200, "RSS grew by {grown_mib} MiB for idle connections");
+    let ok = client()
+        .post(format!("{}/v1/completions", serve.base))
+        .json(&token_completion(&[1, 2, 3], 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+}
