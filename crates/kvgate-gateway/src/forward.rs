@@ -163,6 +163,15 @@ async fn send(
                 ErrorResponse::timeout(format!("replica {} did not answer in time", replica.name)),
             ))
         }
+        Ok(Err(e)) if e.is_connect() => {
+            // Nothing listens there (refused, unreachable): the replica is
+            // gone, not slow; take it out of rotation at once.
+            shared.mark_down(replica, format!("connect failed: {e}"), Instant::now());
+            return Err((
+                "connect",
+                ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name)),
+            ));
+        }
         Ok(Err(e)) => {
             return Err((
                 "connect",

@@ -155,6 +155,22 @@ impl Shared {
         self.sync_health(replica, now);
     }
 
+    /// Takes a replica out of rotation at once (a refused connection: no
+    /// process listens). The monitor brings it back when it answers again.
+    pub(crate) fn mark_down(&self, replica: &Replica, error: String, now: Instant) {
+        {
+            let mut s = lock(&replica.status);
+            s.failures = s.failures.max(self.config.monitor.unhealthy_after);
+            s.last_error = Some(error);
+            if s.probe_ok {
+                s.probe_ok = false;
+                s.down_since = Some(now);
+                tracing::warn!(replica = %replica.name, "replica left rotation: connection refused");
+            }
+        }
+        self.sync_health(replica, now);
+    }
+
     /// Builds the snapshot for metrics and the admin API.
     pub(crate) fn snapshot(&self, now: Instant) -> FleetSnapshot {
         let replicas = read(&self.replicas).clone();

@@ -82,6 +82,7 @@ async fn slow_loris_headers_are_cut_off() {
     .await
     .unwrap();
     let (after, status) = closed;
+    eprintln!("slow loris: cut off after {after:?} ({status:?})");
     assert!(after < Duration::from_secs(2), "slow headers held the connection for {after:?}");
     assert!(status.is_none_or(|s| (400..500).contains(&s)), "answered {status:?}");
     // Still serving.
@@ -164,6 +165,7 @@ async fn ten_thousand_idle_connections_are_bounded() {
     let refused = metric(&serve.base, "kvgate_connections_refused_total").await;
     assert!(refused >= 7_000.0, "only {refused} refused past the limit of 2000");
     let grown_mib = rss_peak.saturating_sub(rss_before) / 1024;
+    eprintln!("10k idle connections: {refused} refused at once, RSS +{grown_mib} MiB, all closed");
     assert!(grown_mib < 200, "RSS grew by {grown_mib} MiB for idle connections");
     let ok = client()
         .post(format!("{}/v1/completions", serve.base))
