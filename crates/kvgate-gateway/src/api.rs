@@ -3,7 +3,7 @@
 //! that prepare a request and hand it to `forward`.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -13,7 +13,7 @@ use axum::Json;
 use kvgate_openai::ErrorResponse;
 use serde_json::{json, Value};
 
-use crate::forward::{error_response, forward};
+use crate::forward::{error_response, forward, with_retry_after};
 use crate::prepare::{self, Route};
 use crate::state::{lock, read, Shared};
 
@@ -39,11 +39,11 @@ async fn generate(s: Arc<Shared>, route: Route, headers: HeaderMap, body: Bytes)
         return error_response(&ErrorResponse::unavailable("kvgate is shutting down"));
     }
     let Ok(permit) = Arc::clone(&s.inflight).try_acquire_owned() else {
+        // Shed at once rather than queue without bound; clients back off.
         s.metrics.rejected("overloaded");
-        s.metrics.request(label, 503, "");
-        return error_response(&ErrorResponse::unavailable(
-            "too many requests in flight; retry later",
-        ));
+        s.metrics.request(label, 429, "");
+        let e = ErrorResponse::rate_limited("too many requests in flight; retry later");
+        return with_retry_after(error_response(&e), Duration::from_secs(1));
     };
     let prepared = match route {
         Route::Chat => prepare::chat(&s, body).await,

@@ -212,7 +212,7 @@ pub struct LimitsConfig {
     pub stream_idle_timeout_ms: u64,
     /// Further replicas tried when one fails before any byte was sent.
     pub max_retries: u32,
-    /// Requests served at once; more get 503.
+    /// Requests served at once; more get 429 with `Retry-After` at once.
     pub max_concurrent_requests: usize,
     /// Client connections open at once, over all listeners; a connection
     /// past it is closed as soon as it is accepted (counted). Idle and

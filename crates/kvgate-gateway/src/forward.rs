@@ -28,7 +28,7 @@ pub(crate) fn error_response(e: &ErrorResponse) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], e.to_vec()).into_response()
 }
 
-fn with_retry_after(mut r: Response, after: Duration) -> Response {
+pub(crate) fn with_retry_after(mut r: Response, after: Duration) -> Response {
     let secs = after.as_secs_f64().ceil().max(1.0) as u64;
     if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
         r.headers_mut().insert(header::RETRY_AFTER, v);
@@ -87,8 +87,9 @@ pub(crate) async fn forward(
                         )),
                         "no_replica",
                     ),
+                    // Load shedding: 429, so that clients back off and retry.
                     (RejectReason::AllBusy, _) => (
-                        error_response(&ErrorResponse::unavailable(
+                        error_response(&ErrorResponse::rate_limited(
                             "every replica is busy; retry later",
                         )),
                         "all_busy",

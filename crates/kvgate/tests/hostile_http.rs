@@ -175,3 +175,33 @@ async fn ten_thousand_idle_connections_are_bounded() {
         .unwrap();
     assert_eq!(ok.status(), 200);
 }
+
+/// Past `limits.max_concurrent_requests` a request is shed at once with 429
+/// and `Retry-After`, never queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_concurrency_limit_requests_get_429_with_retry_after() {
+    let sim = spawn_sim(None, false, &["--speedup", "1"]);
+    let serve = spawn_serve(&[&sim], &["--set", "limits.max_concurrent_requests=1"]);
+    wait_ready(&serve.base).await;
+    // One long stream holds the only slot.
+    let held = client()
+        .post(format!("{}/v1/completions", serve.base))
+        .json(&token_completion(&[1, 2, 3], 2000, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    let t0 = Instant::now();
+    let shed = client()
+        .post(format!("{}/v1/completions", serve.base))
+        .json(&token_completion(&[4, 5, 6], 1, false))
+        .send()
+        .await
+        .unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(1), "queued for {:?}", t0.elapsed());
+    assert_eq!(shed.status(), 429);
+    assert_eq!(shed.headers()["retry-after"], "1");
+    let body: serde_json::Value = shed.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    drop(held);
+}

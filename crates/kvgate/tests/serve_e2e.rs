@@ -8,8 +8,10 @@
 //! binds endpoints containing `::`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,7 @@ use kvgate_sim::{EngineConfig, TimingModel};
 use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::ChatTokenizer;
 use serde_json::{json, Value};
+use support::{kvgate_cmd, Kill};
 use tokio::net::TcpListener;
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
@@ -247,26 +250,6 @@ fn openai_error_problem(a: &Answer) -> Option<String> {
 
 fn chat_body(messages: Value, max_tokens: u32) -> Value {
     json!({"model": MODEL, "messages": messages, "max_tokens": max_tokens})
-}
-
-/// A child process killed (SIGKILL) when dropped.
-struct Kill(Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn kvgate_cmd() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kvgate"));
-    for (k, _) in std::env::vars_os() {
-        if k.to_string_lossy().starts_with("KVGATE_") || k == "VLLM_API_KEY" {
-            cmd.env_remove(k);
-        }
-    }
-    cmd
 }
 
 /// A `kvgate sim` process: (process, http url, events endpoint, replay endpoint).
