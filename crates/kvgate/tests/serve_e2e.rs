@@ -22,7 +22,7 @@ use kvgate_sim::{EngineConfig, TimingModel};
 use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::ChatTokenizer;
 use serde_json::{json, Value};
-use support::{kvgate_cmd, Kill};
+use support::{kvgate_cmd, run_sim, Kill};
 use tokio::net::TcpListener;
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
@@ -254,27 +254,11 @@ fn chat_body(messages: Value, max_tokens: u32) -> Value {
 
 /// A `kvgate sim` process: (process, http url, events endpoint, replay endpoint).
 fn spawn_sim(args: &[&str]) -> (Kill, String, String, String) {
-    let child = kvgate_cmd()
-        .args(["sim", "--port", "0", "--events", "tcp://[::1]:0", "--replay", "tcp://127.0.0.1:0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = Kill(child);
-    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
-    let line = lines.next().unwrap().unwrap();
-    let field = |name: &str| {
-        line.split(&format!("{name}="))
-            .nth(1)
-            .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-            .split(' ')
-            .next()
-            .unwrap()
-            .to_owned()
-    };
-    let (url, events, replay) = (field("http"), field("events"), field("replay"));
-    (child, url, events, replay)
+    let mut cmd = kvgate_cmd();
+    cmd.args(["sim", "--port", "0", "--events", "tcp://[::1]:0", "--replay", "tcp://127.0.0.1:0"])
+        .args(args);
+    let sim = run_sim(&mut cmd);
+    (sim.proc, sim.url, sim.events, sim.replay.expect("the sim was given --replay"))
 }
 
 // ------------------------------------------------------------------ tests

@@ -73,7 +73,14 @@ pub fn spawn_sim(ports: Option<SimPorts>, replay: bool, args: &[&str]) -> Sim {
     if replay {
         cmd.args(["--replay", &format!("tcp://127.0.0.1:{}", p.2)]);
     }
-    let child = cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    cmd.args(args);
+    run_sim(&mut cmd)
+}
+
+/// Starts a prepared `kvgate sim` command (one replica) and reads its
+/// addresses from the first line it prints.
+pub fn run_sim(cmd: &mut Command) -> Sim {
+    let child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let mut child = Kill(child);
     let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
     let line = lines.next().expect("kvgate sim printed nothing").unwrap();
