@@ -78,6 +78,10 @@ pub struct PublisherConfig {
     /// Bind the PUB socket even where vLLM's rule would connect, e.g. to
     /// `tcp://127.0.0.1:0` (loopback only), for in-process fleets.
     pub force_bind: bool,
+    /// Fault injection: every replay reply waits this long before its first
+    /// batch (a slow engine or network), so that what a subscriber does
+    /// while its initial sync is in flight can be tested.
+    pub replay_delay: Duration,
 }
 
 impl PublisherConfig {
@@ -95,6 +99,7 @@ impl PublisherConfig {
             hwm: DEFAULT_HWM,
             replay_send_timeout: Duration::from_secs(5),
             force_bind: false,
+            replay_delay: Duration::ZERO,
         }
     }
 }
@@ -367,6 +372,7 @@ impl Publisher {
                 router,
                 Arc::clone(&shared),
                 config.replay_send_timeout,
+                config.replay_delay,
                 shutdown_rx,
             )));
         }
@@ -545,6 +551,7 @@ async fn replay_task(
     socket: RouterSocket,
     shared: Arc<Shared>,
     send_timeout: Duration,
+    delay: Duration,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let (send, mut recv) = socket.split();
@@ -588,6 +595,9 @@ async fn replay_task(
         let mut send = send.clone();
         replies.spawn(async move {
             let count = batches.len() as u64;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             let reply = async {
                 for (seq, payload) in batches {
                     let msg = replay_message(&identity, &shared, seq, payload);

@@ -40,7 +40,10 @@ pub struct SubscriberConfig {
     pub endpoint: String,
     /// The engine's ROUTER replay endpoint, if it has one.
     pub replay_endpoint: Option<String>,
-    /// Topic prefix filter; empty subscribes to everything.
+    /// The engine's topic (vLLM's `KVEventsConfig.topic`). Messages on any
+    /// other topic are dropped and counted (`wrong_topic`): ZMQ filters by
+    /// prefix only, so `kv` would also let `kv-other` through. Empty accepts
+    /// every topic, as vLLM's default publisher uses the empty topic.
     pub topic: String,
     /// How long one replay may take before it counts as failed.
     pub replay_timeout: Duration,
@@ -165,6 +168,16 @@ pub enum Update {
         /// Why.
         reason: ResetReason,
     },
+    /// The first sync after start is done: the initial replay has been
+    /// applied (or there is no replay endpoint), so the view now holds
+    /// whatever could be learnt of the engine's cache. Sent once, after
+    /// the first `Connected`.
+    Synced {
+        /// The replay reached back to the engine's first batch, so nothing
+        /// it stored before we started is unknown. `false` without a replay
+        /// endpoint, when the buffer had wrapped, or when the replay failed.
+        complete: bool,
+    },
     /// The view is incomplete but usable (e.g. the replay buffer had already
     /// wrapped when we started).
     Degraded {
@@ -199,6 +212,8 @@ pub struct SubscriberMetrics {
     pub duplicates: AtomicU64,
     /// Reconnects of the SUB socket.
     pub reconnects: AtomicU64,
+    /// Live messages dropped because their topic was not the configured one.
+    pub wrong_topic: AtomicU64,
 }
 
 impl SubscriberMetrics {
@@ -255,9 +270,11 @@ impl Subscriber {
             () = &mut shutdown => return Ok(()),
         };
         self.send(Update::Connected).await?;
-        if self.config.replay_endpoint.is_some() {
-            self.initial_replay().await?;
-        }
+        let complete = match self.config.replay_endpoint {
+            Some(_) => self.initial_replay().await?,
+            None => false,
+        };
+        self.send(Update::Synced { complete }).await?;
         let mut disconnected = false;
         let mut monitor_open = true;
         // When to probe the replay endpoint for batches lost after the last
@@ -347,24 +364,27 @@ impl Subscriber {
         self.tx.send(update).await.map_err(|_| SubscriberError::ReceiverClosed)
     }
 
-    /// On first connect, learn what the engine already holds.
-    async fn initial_replay(&mut self) -> Result<(), SubscriberError> {
+    /// On first connect, learn what the engine already holds. Returns
+    /// whether the replay reached back to the engine's first batch.
+    async fn initial_replay(&mut self) -> Result<bool, SubscriberError> {
         match self.replay(0).await {
             Ok(items) => {
-                if let Some(&(first, _)) = items.first() {
-                    if first > 0 {
-                        self.send(Update::Degraded {
-                            reason: format!(
-                                "replay buffer already wrapped (first seq {first}); blocks stored before it are unknown"
-                            ),
-                        })
-                        .await?;
-                    }
+                let first = items.first().map(|&(first, _)| first);
+                if let Some(first) = first.filter(|&f| f > 0) {
+                    self.send(Update::Degraded {
+                        reason: format!(
+                            "replay buffer already wrapped (first seq {first}); blocks stored before it are unknown"
+                        ),
+                    })
+                    .await?;
                 }
-                self.apply_replayed_from_start(items).await
+                self.apply_replayed_from_start(items).await?;
+                Ok(first.is_none_or(|f| f == 0))
             }
             Err(e) => {
-                self.send(Update::Degraded { reason: format!("initial replay failed: {e}") }).await
+                self.send(Update::Degraded { reason: format!("initial replay failed: {e}") })
+                    .await?;
+                Ok(false)
             }
         }
     }
@@ -433,6 +453,11 @@ impl Subscriber {
                 return Ok(());
             }
         };
+        if !self.config.topic.is_empty() && msg.topic != self.config.topic.as_bytes() {
+            SubscriberMetrics::inc(&self.metrics.wrong_topic, 1);
+            tracing::debug!(endpoint = %self.config.endpoint, "kv events: message on another topic dropped");
+            return Ok(());
+        }
         let (seq, payload) = (msg.seq, msg.payload);
         match self.tracker.classify(seq) {
             Verdict::Deliver => self.deliver(seq, payload, false).await,

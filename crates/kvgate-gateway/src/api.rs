@@ -142,14 +142,22 @@ pub(crate) async fn ready(State(s): S) -> Response {
     let replicas = read(&s.replicas).clone();
     let missing: Vec<String> =
         replicas.iter().filter(|r| !lock(&r.status).ever_seen).map(|r| r.name.clone()).collect();
+    // A replica with an event stream counts only once its view has been
+    // synced: before that, kvgate would route blind to what it caches.
+    let syncing: Vec<String> = replicas
+        .iter()
+        .filter(|r| r.config.events.is_some() && !lock(&r.status).view_synced)
+        .map(|r| r.name.clone())
+        .collect();
     let serving = replicas.iter().filter(|r| lock(&r.status).probe_ok).count();
-    let ok = missing.is_empty() && serving > 0 && !*s.closing.borrow();
+    let ok = missing.is_empty() && syncing.is_empty() && serving > 0 && !*s.closing.borrow();
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let body = json!({
         "ready": ok,
         "replicas": replicas.len(),
         "in_rotation": serving,
         "not_seen_yet": missing,
+        "view_not_synced": syncing,
     });
     (status, Json(body)).into_response()
 }

@@ -218,6 +218,12 @@ pub struct LimitsConfig {
     /// past it is closed as soon as it is accepted (counted). Idle and
     /// slow connections are bounded by this and the header-read timeout.
     pub max_connections: usize,
+    /// The index keeps at most this many blocks per replica and tier while
+    /// the engine has not reported its cache size (`vllm:cache_config_info`);
+    /// once it has, that size (plus a slack of 1/16) is the bound. Over it,
+    /// the oldest entries are dropped and counted: a stream that stores more
+    /// than the engine can hold has lost removals, or is hostile.
+    pub index_blocks_per_tier: u64,
     /// On SIGTERM, in-flight requests get this long to finish, ms.
     pub shutdown_grace_ms: u64,
 }
@@ -235,6 +241,7 @@ impl Default for LimitsConfig {
             max_retries: 2,
             max_concurrent_requests: 4_096,
             max_connections: 16_384,
+            index_blocks_per_tier: 1 << 20,
             shutdown_grace_ms: 30_000,
         }
     }

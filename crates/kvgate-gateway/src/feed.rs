@@ -81,6 +81,17 @@ fn apply(shared: &Shared, replica: &Replica, update: Update, rebuild: Duration) 
             tracing::debug!(replica = %replica.name, from, count, "replay done");
         }
         Update::Connected => tracing::debug!(replica = %replica.name, "events connected"),
+        Update::Synced { complete } => {
+            let mut s = lock(&replica.status);
+            s.view_synced = true;
+            s.view_complete = complete;
+            drop(s);
+            if complete {
+                tracing::info!(replica = %replica.name, "KV view synced from the engine's first event batch");
+            } else {
+                tracing::warn!(replica = %replica.name, "KV view synced, but blocks stored before kvgate started may be unknown (no replay endpoint, or its buffer had wrapped)");
+            }
+        }
         Update::Disconnected => tracing::info!(replica = %replica.name, "events disconnected"),
     }
 }

@@ -469,6 +469,17 @@ impl SnapshotCollector {
             |r| r.capacity_blocks,
         )?;
 
+        let anomalies = self.0.replicas.iter().flat_map(|r| {
+            r.index_anomalies
+                .iter()
+                .map(|(&kind, &n)| ([("replica", r.name.as_str()), ("kind", kind)], n))
+        });
+        counters(
+            enc,
+            "index_anomalies",
+            "Events the index refused or repaired (malformed, over capacity, unknown parent, ...)",
+            anomalies,
+        )?;
         self.replica_counter(enc, "events", "KV events applied", |r| r.events)?;
         self.replica_counter(enc, "event_batches", "KV event batches applied", |r| {
             r.event_batches
@@ -491,6 +502,12 @@ impl SnapshotCollector {
         self.replica_counter(enc, "event_reconnects", "Event subscriber reconnects", |r| {
             r.event_reconnects
         })?;
+        self.replica_counter(
+            enc,
+            "event_wrong_topic",
+            "Event messages on another topic than the configured one, dropped",
+            |r| r.event_wrong_topic,
+        )?;
 
         self.replica_gauge(
             enc,
@@ -681,6 +698,7 @@ mod tests {
             health: "healthy",
             index_blocks: [12, 3, 0],
             capacity_blocks: [1000, 4000, 0],
+            index_anomalies: [("malformed", 2)].into_iter().collect(),
             problems: vec!["block size mismatch".into(), "no events".into()],
             events: 40,
             event_batches: 7,
@@ -689,6 +707,9 @@ mod tests {
             event_resets: 3,
             event_decode_errors: 4,
             event_reconnects: 5,
+            event_wrong_topic: 6,
+            view_synced: true,
+            view_complete: true,
             pending_prefill_tokens: 512,
             prefill_requests: 2,
             decoding_requests: 6,
@@ -763,6 +784,7 @@ mod tests {
                 "kvgate_index_bytes 4096",
                 "kvgate_index_distinct_keys 15",
                 "# TYPE kvgate_events counter",
+                r#"kvgate_index_anomalies_total{replica="a",kind="malformed"} 2"#,
                 r#"kvgate_events_total{replica="a"} 40"#,
                 r#"kvgate_event_batches_total{replica="a"} 7"#,
                 r#"kvgate_event_gaps_total{replica="a"} 1"#,
@@ -771,6 +793,7 @@ mod tests {
                 r#"kvgate_event_decode_errors_total{replica="a"} 4"#,
                 r#"kvgate_event_reconnects_total{replica="a"} 5"#,
                 r#"kvgate_event_reconnects_total{replica="b"} 0"#,
+                r#"kvgate_event_wrong_topic_total{replica="a"} 6"#,
                 r#"kvgate_ledger_pending_prefill_tokens{replica="a"} 512"#,
                 r#"kvgate_ledger_requests{replica="a",stage="prefill"} 2"#,
                 r#"kvgate_ledger_requests{replica="a",stage="decoding"} 6"#,

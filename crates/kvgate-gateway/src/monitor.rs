@@ -101,17 +101,6 @@ fn on_success(
     }
     shared.sync_health(replica, now);
     if let Ok(e) = scrape {
-        let mut router = lock(&shared.router);
-        if let (Some(cap), Some((info, _))) = (e.num_gpu_blocks, router.replica(replica.id)) {
-            if info.capacity_blocks[0] != cap
-                || info.capacity_blocks[1] != e.num_cpu_blocks.unwrap_or(0)
-            {
-                let mut info = info.clone();
-                info.capacity_blocks[0] = cap;
-                info.capacity_blocks[1] = e.num_cpu_blocks.unwrap_or(0);
-                let _ = router.update_info(replica.id, info);
-            }
-        }
         let report = EngineReport {
             running: e.running,
             waiting: e.waiting,
@@ -120,7 +109,36 @@ fn on_success(
             prefix_cache_hits: e.prefix_hits,
             at: now,
         };
-        let _ = router.report(replica.id, report);
+        let resized = {
+            let mut router = lock(&shared.router);
+            let mut resized = None;
+            if let (Some(cap), Some((info, _))) = (e.num_gpu_blocks, router.replica(replica.id)) {
+                let cpu = e.num_cpu_blocks.unwrap_or(0);
+                if info.capacity_blocks[0] != cap || info.capacity_blocks[1] != cpu {
+                    let mut info = info.clone();
+                    info.capacity_blocks[0] = cap;
+                    info.capacity_blocks[1] = cpu;
+                    let _ = router.update_info(replica.id, info);
+                    resized = Some((cap, cpu));
+                }
+            }
+            let _ = router.report(replica.id, report);
+            resized
+        };
+        // The index's memory bound follows the engine's real size (taken
+        // after the router's lock: registration locks the index first). A
+        // CPU tier the engine does not report (0: offloading connectors
+        // count their blocks elsewhere) keeps the configured bound.
+        if let Some((gpu, cpu)) = resized {
+            let bound = shared.config.limits.index_blocks_per_tier;
+            let cpu = if cpu > 0 { cpu } else { bound };
+            let dropped = write(&shared.index)
+                .set_capacity(replica.id, [Some(gpu), Some(cpu), Some(bound)])
+                .unwrap_or(0);
+            if dropped > 0 {
+                tracing::warn!(replica = %replica.name, dropped, capacity = gpu, "the index held more blocks than the engine can; the oldest were dropped");
+            }
+        }
     }
 }
 

@@ -28,9 +28,11 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
     }
     let id = {
         let mut index = write(&shared.index);
-        let id = index
-            .add_replica(ReplicaSpec::new(name.clone(), 0, cfg.block_size))
-            .map_err(|e| e.to_string())?;
+        // Bounded from the start; the engine's reported cache size replaces
+        // the bound once known (monitor).
+        let mut spec = ReplicaSpec::new(name.clone(), 0, cfg.block_size);
+        spec.capacity_blocks = [Some(shared.config.limits.index_blocks_per_tier); 3];
+        let id = index.add_replica(spec).map_err(|e| e.to_string())?;
         let mut router = lock(&shared.router);
         if let Err(e) = router.add_replica(id, ReplicaInfo::new(name.clone(), cfg.block_size)) {
             let _ = index.remove_replica(id);

@@ -27,6 +27,9 @@ pub struct ReplicaSnapshot {
     pub index_blocks: [u64; 3],
     /// KV capacity per tier as reported by the engine (0 unknown).
     pub capacity_blocks: [u64; 3],
+    /// Events the index refused or repaired for this replica, by kind
+    /// (`malformed`, `over_capacity_evictions`, `unknown_parent`, …).
+    pub index_anomalies: std::collections::BTreeMap<&'static str, u64>,
     /// Event batches applied.
     pub event_batches: u64,
     /// Events in them.
@@ -41,8 +44,15 @@ pub struct ReplicaSnapshot {
     pub event_decode_errors: u64,
     /// SUB reconnects.
     pub event_reconnects: u64,
+    /// Live messages on another topic than the configured one, dropped.
+    pub event_wrong_topic: u64,
     /// Whether any event arrived yet.
     pub events_seen: bool,
+    /// The first event sync (initial replay) is done.
+    pub view_synced: bool,
+    /// It reached back to the engine's first batch: nothing the engine
+    /// stored before kvgate started is unknown.
+    pub view_complete: bool,
     /// Ledger: pending prefill tokens.
     pub pending_prefill_tokens: u64,
     /// Ledger: requests in prefill.

@@ -59,6 +59,11 @@ pub(crate) struct ReplicaStatus {
     pub(crate) engine: Option<EngineScrape>,
     /// Whether any event arrived.
     pub(crate) events_seen: bool,
+    /// The event subscriber's first sync is done (initial replay applied,
+    /// or no replay endpoint): `/ready` waits for it.
+    pub(crate) view_synced: bool,
+    /// That sync reached back to the engine's first batch.
+    pub(crate) view_complete: bool,
 }
 
 impl ReplicaStatus {
@@ -214,6 +219,10 @@ impl Shared {
                 block_size: r.config.block_size,
                 index_blocks: blocks,
                 capacity_blocks: capacity,
+                index_anomalies: index
+                    .replica_anomalies(r.id)
+                    .map(|a| a.labelled().into_iter().collect())
+                    .unwrap_or_default(),
                 event_batches: ev.batches.load(Ordering::Relaxed),
                 events: ev.events.load(Ordering::Relaxed),
                 event_gaps: ev.gaps.load(Ordering::Relaxed),
@@ -221,7 +230,10 @@ impl Shared {
                 event_resets: ev.resets.load(Ordering::Relaxed),
                 event_decode_errors: ev.decode_errors.load(Ordering::Relaxed),
                 event_reconnects: ev.reconnects.load(Ordering::Relaxed),
+                event_wrong_topic: ev.wrong_topic.load(Ordering::Relaxed),
                 events_seen: s.events_seen,
+                view_synced: s.view_synced,
+                view_complete: s.view_complete,
                 pending_prefill_tokens: view.load.pending_prefill_tokens,
                 prefill_requests: view.load.prefill_requests,
                 decoding_requests: view.load.decoding_requests,

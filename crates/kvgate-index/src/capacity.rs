@@ -114,4 +114,28 @@ mod tests {
         assert_eq!(index.blocks_held(id, Tier::Cpu), Some(10));
         assert_eq!(index.stats().anomalies.over_capacity_evictions, evicted);
     }
+
+    #[test]
+    fn a_lower_capacity_trims_the_oldest_at_once() {
+        let mut index = Index::new();
+        let id = index.add_replica(ReplicaSpec::new("r", 0, 1)).unwrap_or(crate::ReplicaId(0));
+        let now = Instant::now();
+        for t in 0..500u32 {
+            index.apply(id, &stored(&[u64::from(t) + 1], None, &[t], 1), now);
+        }
+        assert_eq!(index.blocks_held(id, Tier::Gpu), Some(500));
+        // Within capacity plus slack: nothing to drop.
+        assert_eq!(index.set_capacity(id, [Some(450), None, None]).ok(), Some(0));
+        // Below it: trimmed to the capacity now, the newest kept, counted.
+        assert_eq!(index.set_capacity(id, [Some(100), None, None]).ok(), Some(400));
+        assert_eq!(index.blocks_held(id, Tier::Gpu), Some(100));
+        assert_eq!(index.stats().anomalies.over_capacity_evictions, 400);
+        assert_eq!(index.stats().replicas[0].capacity_blocks[0], 100);
+        let mut out = Vec::new();
+        index.find_matches(&block_keys(&[499], 1, None), &mut out);
+        assert_eq!(out[0].total, 1);
+        index.find_matches(&block_keys(&[0], 1, None), &mut out);
+        assert_eq!(out[0].total, 0);
+        assert!(index.set_capacity(crate::ReplicaId(7), [None; 3]).is_err());
+    }
 }

@@ -6,6 +6,7 @@
 //! replica's own engine-hash map, so it costs O(its blocks), never O(index).
 //! Event application is in `apply.rs`, the prefix query in `query.rs`.
 
+use crate::capacity::enforce_capacity;
 use crate::error::IndexError;
 use crate::holders::{Holders, GROUP_SLOTS};
 use crate::replica::{Replica, ReplicaId, ReplicaSpec};
@@ -91,6 +92,30 @@ impl Index {
         Ok(clear_slot(replica, &mut self.holders, slot))
     }
 
+    /// Sets a replica's capacity per tier (`None`: the default bound), for
+    /// example once the engine has reported its cache size. A tier already
+    /// over the new capacity plus slack is trimmed now, oldest first, and the
+    /// dropped blocks are counted as `over_capacity_evictions`. Returns how
+    /// many blocks were dropped.
+    pub fn set_capacity(
+        &mut self,
+        id: ReplicaId,
+        capacity_blocks: [Option<u64>; 3],
+    ) -> Result<u64, IndexError> {
+        let slot = id.index();
+        let Some(replica) = self.replicas.get_mut(slot).and_then(Option::as_mut) else {
+            return Err(IndexError::UnknownReplica(id));
+        };
+        replica.spec.capacity_blocks = capacity_blocks;
+        let mut dropped = 0;
+        for tier in Tier::ALL {
+            dropped += enforce_capacity(replica, &mut self.holders, slot, tier);
+        }
+        replica.anomalies.over_capacity_evictions += dropped;
+        self.anomalies.over_capacity_evictions += dropped;
+        Ok(dropped)
+    }
+
     /// The id of the replica `(name, dp_rank)`, if registered.
     pub fn replica_id(&self, name: &str, dp_rank: u32) -> Option<ReplicaId> {
         self.replicas.iter().enumerate().find_map(|(slot, replica)| {
@@ -150,6 +175,11 @@ impl Index {
     /// Distinct block keys held by some replica in some tier.
     pub fn distinct_keys(&self) -> u64 {
         self.holders.distinct_keys()
+    }
+
+    /// Anomalies counted for one live replica since it was registered.
+    pub fn replica_anomalies(&self, id: ReplicaId) -> Option<Anomalies> {
+        self.replica(id).map(|r| r.anomalies)
     }
 
     /// Cumulative anomalies over all replicas (including removed ones) and

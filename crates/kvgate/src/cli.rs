@@ -141,6 +141,10 @@ pub(crate) struct SimArgs {
     /// Fault: fraction of event batches numbered and buffered but not sent.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) drop_event_batches: f64,
+    /// Fault: every replay reply waits this long before answering, in ms (a
+    /// slow engine: lets tests watch a subscriber's initial sync in flight).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) replay_delay_ms: u64,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub(crate) block_size: u32,

@@ -161,6 +161,7 @@ fn update_json(update: &Update) -> Vec<Value> {
             vec![json!({"type": "DecodeError", "seq": seq, "error": error.to_string()})]
         }
         Update::Connected => vec![json!({"type": "Connected"})],
+        Update::Synced { complete } => vec![json!({"type": "Synced", "complete": complete})],
         Update::Disconnected => vec![json!({"type": "Disconnected"})],
     }
 }

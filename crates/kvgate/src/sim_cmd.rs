@@ -76,6 +76,7 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
                 pc.layout = layout;
                 pc.drop_rate = args.drop_event_batches;
                 pc.drop_seed = u64::from(i);
+                pc.replay_delay = std::time::Duration::from_millis(args.replay_delay_ms);
                 pc.force_bind = args.bind_events;
                 Some(pc)
             }

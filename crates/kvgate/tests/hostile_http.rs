@@ -40,15 +40,6 @@ fn status_of(response: &[u8]) -> Option<u16> {
     text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-        .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_loris_headers_are_cut_off() {
     let sim = spawn_sim(None, false, &[]);

@@ -107,6 +107,23 @@ pub struct Serve {
 /// Starts `kvgate serve` on loopback ports the OS picks, in front of `sims`
 /// (named r0, r1, ...); `args` are extra flags (`--set k=v`, ...).
 pub fn spawn_serve(sims: &[&Sim], args: &[&str]) -> Serve {
+    let specs: Vec<String> = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut spec = format!("{},name=r{i},events={}", s.url, s.events);
+            if let Some(r) = &s.replay {
+                spec.push_str(&format!(",replay={r}"));
+            }
+            spec
+        })
+        .collect();
+    spawn_serve_with(&specs, args)
+}
+
+/// Starts `kvgate serve` on loopback ports the OS picks with these
+/// `--replica` specs.
+pub fn spawn_serve_with(replicas: &[String], args: &[&str]) -> Serve {
     let mut cmd = kvgate_cmd();
     cmd.args([
         "serve",
@@ -117,12 +134,8 @@ pub fn spawn_serve(sims: &[&Sim], args: &[&str]) -> Serve {
         "--log",
         "warn",
     ]);
-    for (i, s) in sims.iter().enumerate() {
-        let mut spec = format!("{},name=r{i},events={}", s.url, s.events);
-        if let Some(r) = &s.replay {
-            spec.push_str(&format!(",replay={r}"));
-        }
-        cmd.args(["--replica", &spec]);
+    for spec in replicas {
+        cmd.args(["--replica", spec]);
     }
     let child = cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let mut child = Kill(child);
@@ -141,6 +154,16 @@ pub fn spawn_serve(sims: &[&Sim], args: &[&str]) -> Serve {
         .unwrap_or_else(|| panic!("no admin address in {line:?}"))
         .to_owned();
     Serve { proc: child, base, admin }
+}
+
+/// Resident memory of a process, KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 pub fn client() -> reqwest::Client {
