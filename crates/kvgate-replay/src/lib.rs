@@ -37,7 +37,7 @@ pub use error::ReplayError;
 pub use fleet::{Fleet, LoadSample, Record};
 pub use metrics::{max_over_mean, Distribution, RunSummary};
 pub use oracle::{oracle_hit_rates, OracleHitRates, PooledLru};
-pub use plots::write_plots;
+pub use plots::{line_chart, write_plots, Line};
 pub use report::{render_table, Report, WorkloadInfo};
 pub use run::{
     find_load_levels, run_matrix, run_policy, run_policy_fleet, Level, LevelSearch, Progress,

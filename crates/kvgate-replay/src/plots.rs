@@ -292,3 +292,56 @@ pub fn write_plots(dir: &Path, report: &Report) -> Result<Vec<String>, ReplayErr
     }
     Ok(written)
 }
+
+/// One named line of a [`line_chart`].
+#[derive(Clone, Debug)]
+pub struct Line {
+    /// Legend text.
+    pub label: String,
+    /// Points, in x order.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A plain SVG line chart (for measurements outside a replay report, such
+/// as the soak's memory curve). The y axis starts at 0 so that a flat line
+/// looks flat.
+pub fn line_chart(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    lines: &[Line],
+) -> Result<(), ReplayError> {
+    let draw = || -> DrawResult<()> {
+        let root = SVGBackend::new(path, (800, 400)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let pts = || lines.iter().flat_map(|l| l.points.iter());
+        let xmax = pts().map(|p| p.0).fold(1e-9, f64::max);
+        let xmin = pts().map(|p| p.0).fold(xmax, f64::min);
+        let ymax = pts().map(|p| p.1).fold(1e-9, f64::max) * 1.15;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(xmin..xmax.max(xmin + 1e-9), 0f64..ymax)?;
+        chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw()?;
+        for (i, l) in lines.iter().enumerate() {
+            let c = color(i);
+            chart
+                .draw_series(LineSeries::new(l.points.clone(), c.stroke_width(2)))?
+                .label(l.label.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+            chart.draw_series(l.points.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| ReplayError::Plot { path: path.display().to_string(), message: e.to_string() })
+}

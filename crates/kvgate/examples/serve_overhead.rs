@@ -20,15 +20,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use kvgate_events::publisher::{loopback_endpoint, PublisherConfig};
-use kvgate_sim::server::{start, Replica, ServerConfig};
-use kvgate_sim::EngineConfig;
-use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::{ChatRequest, ChatTokenizer, Endpoint};
 use serde_json::json;
 
@@ -37,7 +31,8 @@ use serde_json::json;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const MODEL: &str = "Qwen/Qwen3-0.6B";
+mod bench_support;
+use bench_support::{free_ports, spawn_gateway, start_sims, wait_ready, MODEL};
 
 fn schedstat_seconds(path: &std::path::Path) -> f64 {
     std::fs::read_to_string(path)
@@ -161,63 +156,6 @@ fn long_chat(i: usize) -> serde_json::Value {
     ])
 }
 
-async fn start_sims(n: usize) -> Vec<Replica> {
-    let tok = ChatTokenizer::bundled().unwrap();
-    let tok = Arc::new(TokenizeService::new(Tokenize::new(tok, None), 1).unwrap());
-    let mut out = Vec::new();
-    for _ in 0..n {
-        let mut ev = PublisherConfig::new("tcp://127.0.0.1:0");
-        ev.force_bind = true;
-        ev.replay_endpoint = Some("tcp://127.0.0.1:0".into());
-        let cfg = ServerConfig {
-            engine: EngineConfig { num_gpu_blocks: 65_536, ..EngineConfig::default() },
-            model: MODEL.into(),
-            speedup: 1000.0,
-            events: Some(ev),
-            default_max_tokens: 4,
-            ..ServerConfig::default()
-        };
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        out.push(start(cfg, l, Arc::clone(&tok)).await.unwrap());
-    }
-    out
-}
-
-/// Two distinct free ports (both listeners held until both are chosen).
-fn free_ports() -> (u16, u16) {
-    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
-}
-
-fn spawn_gateway(sims: &[Replica], port: u16, admin: u16) -> Child {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().and_then(|p| p.parent()).unwrap().join("kvgate");
-    let mut cmd = Command::new(bin);
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .args(["--log", "warn"]);
-    if let Ok(extra) = std::env::var("KVGATE_BENCH_SET") {
-        for kv in extra.split_whitespace() {
-            cmd.args(["--set", kv]);
-        }
-    }
-    for s in sims {
-        let ev = s.events().unwrap();
-        let spec = format!(
-            "{},events={},replay={}",
-            s.url(),
-            loopback_endpoint(&ev.events),
-            loopback_endpoint(ev.replay.as_deref().unwrap())
-        );
-        cmd.args(["--replica", &spec]);
-    }
-    cmd.stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run `cargo build --release -p kvgate` first")
-}
-
 /// The gateway's own `kvgate_tokenize_seconds_sum` (wall time tokenizing).
 async fn gateway_tokenize_seconds(client: &reqwest::Client, base: &str) -> f64 {
     let text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
@@ -256,19 +194,13 @@ async fn main() {
         .collect();
     let tok = ChatTokenizer::bundled().unwrap();
 
-    let sims = start_sims(2).await;
+    let sims = start_sims(2, 65_536, 1000.0).await;
     let (port, admin) = free_ports();
     let mut gw = spawn_gateway(&sims, port, admin);
     let gw_pid = gw.id().to_string();
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    let t0 = Instant::now();
-    while client.get(format!("{base}/ready")).send().await.map(|r| r.status().is_success()).ok()
-        != Some(true)
-    {
-        assert!(t0.elapsed() < Duration::from_secs(30), "gateway not ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_ready(&client, &base).await;
 
     // 1. Added TTFT, interleaved.
     let short = |i: usize, stream: bool| {

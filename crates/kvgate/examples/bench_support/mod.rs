@@ -1,0 +1,89 @@
+//! What the benches in `examples/` share: simulated replicas in the bench
+//! process, and the release `kvgate serve` binary in a process of its own
+//! (so that its CPU and memory are its own) in front of them.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvgate_events::publisher::{loopback_endpoint, PublisherConfig};
+use kvgate_sim::server::{start, Replica, ServerConfig};
+use kvgate_sim::EngineConfig;
+use kvgate_tokenize::service::{Tokenize, TokenizeService};
+use kvgate_tokenize::ChatTokenizer;
+
+pub const MODEL: &str = "Qwen/Qwen3-0.6B";
+
+/// `n` simulated replicas on loopback with events and replay, engine time
+/// `speedup` times faster than real time.
+pub async fn start_sims(n: usize, num_gpu_blocks: u32, speedup: f64) -> Vec<Replica> {
+    let tok = ChatTokenizer::bundled().unwrap();
+    let tok = Arc::new(TokenizeService::new(Tokenize::new(tok, None), 1).unwrap());
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let mut ev = PublisherConfig::new("tcp://127.0.0.1:0");
+        ev.force_bind = true;
+        ev.replay_endpoint = Some("tcp://127.0.0.1:0".into());
+        let cfg = ServerConfig {
+            engine: EngineConfig { num_gpu_blocks, ..EngineConfig::default() },
+            model: MODEL.into(),
+            speedup,
+            events: Some(ev),
+            default_max_tokens: 4,
+            ..ServerConfig::default()
+        };
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        out.push(start(cfg, l, Arc::clone(&tok)).await.unwrap());
+    }
+    out
+}
+
+/// Two distinct free ports (both listeners held until both are chosen).
+pub fn free_ports() -> (u16, u16) {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let b = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
+}
+
+/// The release `kvgate serve` next to this example's binary, in front of
+/// `sims`; `KVGATE_BENCH_SET="k=v k=v"` adds `--set` overrides.
+pub fn spawn_gateway(sims: &[Replica], port: u16, admin: u16) -> Child {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().and_then(|p| p.parent()).unwrap().join("kvgate");
+    let mut cmd = Command::new(bin);
+    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+        .args(["--log", "warn"]);
+    if let Ok(extra) = std::env::var("KVGATE_BENCH_SET") {
+        for kv in extra.split_whitespace() {
+            cmd.args(["--set", kv]);
+        }
+    }
+    for s in sims {
+        let ev = s.events().unwrap();
+        let spec = format!(
+            "{},events={},replay={}",
+            s.url(),
+            loopback_endpoint(&ev.events),
+            loopback_endpoint(ev.replay.as_deref().unwrap())
+        );
+        cmd.args(["--replica", &spec]);
+    }
+    cmd.stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run `cargo build --release -p kvgate` first")
+}
+
+/// Waits for `GET {base}/ready` to answer 200.
+pub async fn wait_ready(client: &reqwest::Client, base: &str) {
+    let t0 = Instant::now();
+    while client.get(format!("{base}/ready")).send().await.map(|r| r.status().is_success()).ok()
+        != Some(true)
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "gateway not ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
