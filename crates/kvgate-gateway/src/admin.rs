@@ -73,15 +73,20 @@ pub(crate) fn explanation_json(s: &Shared, e: &Explanation, now: Instant) -> Val
     })
 }
 
-/// `GET /admin/decisions?limit=N`: the last decisions, newest first.
-pub(crate) async fn decisions(State(s): S, Query(q): Query<DecisionsQuery>) -> Response {
-    let limit = q.limit.unwrap_or(50).min(10_000);
-    let now = Instant::now();
+/// The last `limit` decisions as JSON, newest first (`/admin/decisions` and
+/// the dashboard).
+pub(crate) fn recent_decisions_json(s: &Shared, limit: usize, now: Instant) -> Vec<Value> {
     let recent: Vec<_> = {
         let router = lock(&s.router);
         router.recent_decisions().rev().take(limit).cloned().collect()
     };
-    let out: Vec<Value> = recent.iter().map(|e| explanation_json(&s, e, now)).collect();
+    recent.iter().map(|e| explanation_json(s, e, now)).collect()
+}
+
+/// `GET /admin/decisions?limit=N`: the last decisions, newest first.
+pub(crate) async fn decisions(State(s): S, Query(q): Query<DecisionsQuery>) -> Response {
+    let limit = q.limit.unwrap_or(50).min(10_000);
+    let out = recent_decisions_json(&s, limit, Instant::now());
     Json(json!({"decisions": out})).into_response()
 }
 

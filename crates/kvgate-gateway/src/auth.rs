@@ -36,6 +36,19 @@ pub(crate) fn admin_allowed(key: Option<&String>, headers: &HeaderMap) -> bool {
     header.or_else(|| bearer(headers)).is_some_and(|t| key_matches(keys, t))
 }
 
+/// The value of cookie `name` in the request's `Cookie` headers (the first
+/// one, if a client sent it twice).
+pub(crate) fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.trim())
+}
+
 /// Hop-by-hop headers (RFC 9110 §7.6.1) never travel to an engine.
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -88,6 +101,18 @@ mod tests {
         h.insert("x-kvgate-admin-key", "admin-key-1".parse().unwrap());
         assert!(admin_allowed(Some(&"admin-key-1".into()), &h));
         assert!(admin_allowed(None, &HeaderMap::new()));
+    }
+
+    #[test]
+    fn cookies_are_found_by_exact_name() {
+        let mut h = HeaderMap::new();
+        assert_eq!(cookie(&h, "a"), None);
+        h.append("cookie", "xa=1; a=two; b=3".parse().unwrap());
+        h.append("cookie", "c=4".parse().unwrap());
+        assert_eq!(cookie(&h, "a"), Some("two"));
+        assert_eq!(cookie(&h, "c"), Some("4"));
+        assert_eq!(cookie(&h, "x"), None);
+        assert_eq!(cookie(&h, "A"), None);
     }
 
     #[test]

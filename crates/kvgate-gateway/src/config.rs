@@ -308,6 +308,51 @@ impl Default for EmbeddedSimConfig {
     }
 }
 
+/// The live dashboard: `/dashboard` and its stream, served with the admin
+/// API and behind the admin key.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DashboardConfig {
+    /// Serve `/dashboard`.
+    pub enabled: bool,
+    /// Period of the stream's frames, ms (one frame for all viewers).
+    pub interval_ms: u64,
+    /// Rates, hit rates and TTFT percentiles cover this trailing window, s.
+    pub window_s: u64,
+    /// Decisions per frame (newest first).
+    pub decisions: usize,
+    /// Lifetime of a login cookie, s.
+    pub session_s: u64,
+}
+
+impl Default for DashboardConfig {
+    fn default() -> Self {
+        DashboardConfig {
+            enabled: true,
+            interval_ms: 1_000,
+            window_s: 10,
+            decisions: 20,
+            session_s: 12 * 3600,
+        }
+    }
+}
+
+impl DashboardConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let ok = (100..=60_000).contains(&self.interval_ms)
+            && (1..=3600).contains(&self.window_s)
+            && self.decisions <= 200
+            && self.session_s >= 60;
+        ok.then_some(()).ok_or_else(|| {
+            ConfigError::Invalid(
+                "dashboard: interval_ms must be in 100..=60000, window_s in 1..=3600, \
+                 decisions at most 200, session_s at least 60"
+                    .into(),
+            )
+        })
+    }
+}
+
 /// Everything `kvgate serve` reads.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -338,6 +383,8 @@ pub struct GatewayConfig {
     pub monitor: MonitorConfig,
     /// The embedded default fleet.
     pub embedded_sims: EmbeddedSimConfig,
+    /// The live dashboard.
+    pub dashboard: DashboardConfig,
 }
 
 impl Default for GatewayConfig {
@@ -354,6 +401,7 @@ impl Default for GatewayConfig {
             limits: LimitsConfig::default(),
             monitor: MonitorConfig::default(),
             embedded_sims: EmbeddedSimConfig::default(),
+            dashboard: DashboardConfig::default(),
         }
     }
 }
@@ -468,7 +516,7 @@ impl GatewayConfig {
         if self.replicas.is_empty() && !(1..=64).contains(&s.replicas) {
             return bad("embedded_sims.replicas must be in 1..=64".into());
         }
-        Ok(())
+        self.dashboard.validate()
     }
 }
 

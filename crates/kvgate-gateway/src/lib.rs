@@ -15,6 +15,7 @@
 //! - `monitor.rs`, `scrape.rs`: health probes and `/metrics` scraping.
 //! - `registry.rs`: adding, draining and removing replicas.
 //! - `admin.rs`: `/admin/replicas`, `/admin/decisions`.
+//! - `dashboard.rs`, `dashboard/`: `/dashboard`, its live stream and login.
 //! - `auth.rs`: constant-time keys, forwarded-header allow-list.
 //! - `state.rs`, `snapshot.rs`, `metrics.rs`: shared state, its snapshot,
 //!   Prometheus exposition.
@@ -23,6 +24,7 @@ mod admin;
 mod api;
 mod auth;
 pub mod config;
+mod dashboard;
 mod error;
 mod feed;
 mod forward;

@@ -29,6 +29,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::dashboard::RecentTtft;
 use crate::snapshot::{FleetSnapshot, ReplicaSnapshot};
 
 /// The `Content-Type` of what [`Metrics::render`] produces: the OpenMetrics
@@ -131,6 +132,8 @@ pub(crate) struct Metrics {
     rejected: Family<ReasonLabels, Counter>,
     open_connections: Gauge,
     connections_refused: Counter,
+    /// The last TTFTs with their times, for the dashboard's percentiles.
+    recent_ttft: RecentTtft,
 }
 
 impl Default for Metrics {
@@ -243,6 +246,7 @@ impl Metrics {
             rejected,
             open_connections,
             connections_refused,
+            recent_ttft: RecentTtft::default(),
         }
     }
 
@@ -263,7 +267,19 @@ impl Metrics {
     pub(crate) fn ttft(&self, route: &'static str, seconds: f64) {
         if let Some(s) = duration(seconds) {
             self.ttft.get_or_create(&RouteLabels { route }).observe(s);
+            self.recent_ttft.record(s, std::time::Instant::now());
         }
+    }
+
+    /// The recent TTFTs (the dashboard's p50/p90).
+    pub(crate) fn recent_ttft(&self) -> &RecentTtft {
+        &self.recent_ttft
+    }
+
+    /// Routed prompt tokens and those predicted cached, since start (the
+    /// dashboard's predicted hit rate).
+    pub(crate) fn prompt_token_totals(&self) -> (u64, u64) {
+        (self.prompt_tokens.get(), self.predicted_cached_tokens.get())
     }
 
     /// Whole-request duration on `route`, seconds.

@@ -75,6 +75,8 @@ fn admin_routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
         .route("/admin/replicas/{name}", delete(admin::remove_replica))
         .route("/admin/decisions", get(admin::decisions))
         .layer(middleware::from_fn_with_state(Arc::clone(shared), admin_auth))
+        // Its own guard: the admin key or a login cookie (dashboard.rs).
+        .merge(crate::dashboard::routes(shared))
 }
 
 fn app(shared: &Arc<Shared>) -> Router {
