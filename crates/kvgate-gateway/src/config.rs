@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use kvgate_router::RouterConfig;
 use serde::{Deserialize, Serialize};
 
+pub use crate::cluster_config::{DiscoveryConfig, PeersConfig};
 use crate::error::ConfigError;
 
 /// How a replica receives the prompt tokens kvgate computed.
@@ -385,6 +386,10 @@ pub struct GatewayConfig {
     pub embedded_sims: EmbeddedSimConfig,
     /// The live dashboard.
     pub dashboard: DashboardConfig,
+    /// Peer kvgate instances sharing their in-flight bookings.
+    pub peers: PeersConfig,
+    /// Engines found through DNS.
+    pub discovery: DiscoveryConfig,
 }
 
 impl Default for GatewayConfig {
@@ -402,6 +407,8 @@ impl Default for GatewayConfig {
             monitor: MonitorConfig::default(),
             embedded_sims: EmbeddedSimConfig::default(),
             dashboard: DashboardConfig::default(),
+            peers: PeersConfig::default(),
+            discovery: DiscoveryConfig::default(),
         }
     }
 }
@@ -512,6 +519,16 @@ impl GatewayConfig {
                 ));
             }
         }
+        if let (Some(first), Some(_)) = (self.replicas.first(), &self.discovery.dns) {
+            if first.block_size != self.discovery.block_size {
+                return bad(format!(
+                    "discovery.block_size {} differs from the static replicas' {}",
+                    self.discovery.block_size, first.block_size
+                ));
+            }
+        }
+        self.peers.validate()?;
+        self.discovery.validate()?;
         let s = &self.embedded_sims;
         if self.replicas.is_empty() && !(1..=64).contains(&s.replicas) {
             return bad("embedded_sims.replicas must be in 1..=64".into());

@@ -449,6 +449,75 @@ impl SnapshotCollector {
         gauges(enc, name, help, None, series)
     }
 
+    /// Peer load sharing: what each peer sent us, what we sent each target.
+    fn encode_peers(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let s = &self.0;
+        let none = |v| [(NO_LABELS, v)];
+        let by_peer = |v: fn(&crate::snapshot::PeerSnapshot) -> u64| {
+            s.peers.iter().map(move |p| ([("peer", p.instance.as_str())], v(p)))
+        };
+        gauges(
+            enc,
+            "peers",
+            "Peer instances heard from recently",
+            None,
+            none(s.peers.len() as u64),
+        )?;
+        counters(
+            enc,
+            "peer_changes_received",
+            "Ledger changes received from a peer",
+            by_peer(|p| p.changes_received),
+        )?;
+        counters(
+            enc,
+            "peer_unknown_replica",
+            "Peer bookings for replicas this instance does not know",
+            by_peer(|p| p.unknown_replica),
+        )?;
+        let lag = s.peers.iter().map(|p| ([("peer", p.instance.as_str())], p.lag_s));
+        gauges(
+            enc,
+            "peer_lag",
+            "Age of a peer's last batch on arrival",
+            Some(&Unit::Seconds),
+            lag,
+        )?;
+        let by_target = |v: fn(&crate::snapshot::PeerTargetSnapshot) -> u64| {
+            s.peer_targets.iter().map(move |t| ([("target", t.url.as_str())], v(t)))
+        };
+        counters(
+            enc,
+            "peer_batches_sent",
+            "Batches a peer accepted",
+            by_target(|t| t.batches_sent),
+        )?;
+        counters(
+            enc,
+            "peer_send_failures",
+            "Batches to a peer that failed (lost)",
+            by_target(|t| t.failures),
+        )?;
+        counters(
+            enc,
+            "peer_batches_dropped",
+            "Batches dropped because a peer's queue was full",
+            by_target(|t| t.dropped),
+        )?;
+        counters(
+            enc,
+            "peer_outbox_dropped",
+            "Local ledger changes dropped before peers got them",
+            none(s.peer_outbox_dropped),
+        )?;
+        counters(
+            enc,
+            "peers_forgotten",
+            "Peers forgotten after going silent (their bookings aged out)",
+            none(s.peers_forgotten),
+        )
+    }
+
     fn encode_replicas(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let replicas = &self.0.replicas;
         let health = replicas.iter().flat_map(|r| {
@@ -636,6 +705,7 @@ impl SnapshotCollector {
             none(l.late_updates),
         )?;
         gauges(enc, "ledger_in_flight", "Bookings in flight", None, none(s.in_flight))?;
+        self.encode_peers(enc)?;
 
         let decisions = ["routed", "wait", "rejected"]
             .into_iter()
@@ -765,6 +835,21 @@ mod tests {
             },
             cpu_seconds: 1.5,
             uptime_s: 60.0,
+            peers: vec![crate::snapshot::PeerSnapshot {
+                instance: "p1".into(),
+                changes_received: 12,
+                unknown_replica: 1,
+                lag_s: 0.004,
+                silent_s: 0.1,
+            }],
+            peer_targets: vec![crate::snapshot::PeerTargetSnapshot {
+                url: "http://10.0.0.7:9000".into(),
+                batches_sent: 6,
+                failures: 2,
+                dropped: 0,
+            }],
+            peer_outbox_dropped: 0,
+            peers_forgotten: 1,
         }
     }
 
@@ -827,6 +912,13 @@ mod tests {
                 "kvgate_ledger_bookings_total 11",
                 r#"kvgate_ledger_releases_total{reason="finished"} 5"#,
                 r#"kvgate_ledger_releases_total{reason="peer_gone"} 3"#,
+                "kvgate_peers 1",
+                r#"kvgate_peer_changes_received_total{peer="p1"} 12"#,
+                r#"kvgate_peer_unknown_replica_total{peer="p1"} 1"#,
+                r#"kvgate_peer_lag_seconds{peer="p1"} 0.004"#,
+                r#"kvgate_peer_batches_sent_total{target="http://10.0.0.7:9000"} 6"#,
+                r#"kvgate_peer_send_failures_total{target="http://10.0.0.7:9000"} 2"#,
+                "kvgate_peers_forgotten_total 1",
                 r#"kvgate_ledger_releases_total{reason="replica_removed"} 0"#,
                 "kvgate_ledger_late_updates_total 4",
                 "kvgate_ledger_in_flight 8",

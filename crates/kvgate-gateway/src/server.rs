@@ -39,6 +39,7 @@ pub struct Gateway {
     addr: SocketAddr,
     admin_addr: Option<SocketAddr>,
     metrics_addr: Option<SocketAddr>,
+    peer_addr: Option<SocketAddr>,
     stop_accepting: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
 }
@@ -110,6 +111,10 @@ fn app(shared: &Arc<Shared>) -> Router {
 /// busy (dropped SYNs cost the client a 1 s retransmit); the kernel caps
 /// this at `net.core.somaxconn`.
 const LISTEN_BACKLOG: u32 = 4096;
+
+/// Largest peer batch: bounded by the router's outbox (64 Ki changes of
+/// well under 128 bytes each).
+const PEER_BODY_LIMIT: usize = 16 << 20;
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
     let listen = || {
@@ -212,13 +217,18 @@ impl Gateway {
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
             .map_err(|e| StartError::Client(e.to_string()))?;
-        let block_size = config.replicas.first().map_or(16, |r| r.block_size);
+        let block_size =
+            config.replicas.first().map_or(config.discovery.block_size, |r| r.block_size);
         let listener = bind(config.listen).await?;
         let admin_listener = match config.admin_listen {
             Some(a) => Some(bind(a).await?),
             None => None,
         };
         let metrics_listener = match config.metrics_listen {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
+        let peer_listener = match config.peers.listen {
             Some(a) => Some(bind(a).await?),
             None => None,
         };
@@ -235,6 +245,7 @@ impl Gateway {
             started: Instant::now(),
             block_size,
             closing,
+            peers: crate::peers::Peers::new(),
             config,
         });
         for r in shared.config.replicas.clone() {
@@ -247,6 +258,7 @@ impl Gateway {
         let addr = local(&listener)?;
         let admin_addr = admin_listener.as_ref().map(local).transpose()?;
         let metrics_addr = metrics_listener.as_ref().map(local).transpose()?;
+        let peer_addr = peer_listener.as_ref().map(local).transpose()?;
         let (stop_accepting, stop_rx) = watch::channel(false);
         let mut servers = vec![serve(listener, app(&shared), &shared, stop_rx.clone())];
         if let Some(l) = admin_listener {
@@ -261,10 +273,26 @@ impl Gateway {
                 .with_state(Arc::clone(&shared));
             servers.push(serve(l, m, &shared, stop_rx.clone()));
         }
+        if let Some(l) = peer_listener {
+            let p = Router::new()
+                .route(crate::peers::CHANGES_PATH, post(crate::peers::receive))
+                .fallback(not_found)
+                .layer(DefaultBodyLimit::max(PEER_BODY_LIMIT))
+                .with_state(Arc::clone(&shared));
+            servers.push(serve(l, p, &shared, stop_rx.clone()));
+        }
+        if shared.config.peers.enabled() {
+            servers.push(tokio::spawn(crate::peers::run(Arc::clone(&shared), stop_rx.clone())));
+        }
+        if shared.config.discovery.dns.is_some() {
+            servers.push(tokio::spawn(crate::discovery::run(Arc::clone(&shared), stop_rx.clone())));
+        }
         tracing::info!(
             %addr,
             admin = ?admin_addr,
             metrics = ?metrics_addr,
+            peer = ?peer_addr,
+            instance = %shared.peers.instance,
             model = %shared.config.model.served_name,
             policy = %shared.config.router.policy,
             replicas = shared.config.replicas.len(),
@@ -273,7 +301,7 @@ impl Gateway {
         if shared.config.auth.api_keys.is_empty() && !addr.ip().is_loopback() {
             tracing::warn!(%addr, "serving WITHOUT client authentication on a non-loopback address (--allow-unauthenticated)");
         }
-        Ok(Gateway { shared, addr, admin_addr, metrics_addr, stop_accepting, servers })
+        Ok(Gateway { shared, addr, admin_addr, metrics_addr, peer_addr, stop_accepting, servers })
     }
 
     /// The API address as bound.
@@ -289,6 +317,16 @@ impl Gateway {
     /// The metrics address, when metrics have their own listener.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics_addr
+    }
+
+    /// The peer endpoint's address, when `peers.listen` is set.
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        self.peer_addr
+    }
+
+    /// This process's peer instance id.
+    pub fn instance(&self) -> &str {
+        &self.shared.peers.instance
     }
 
     /// Replica names in registration order.

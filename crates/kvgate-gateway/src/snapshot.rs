@@ -104,4 +104,40 @@ pub struct FleetSnapshot {
     pub cpu_seconds: f64,
     /// Seconds since start.
     pub uptime_s: f64,
+    /// Peer instances heard from.
+    pub peers: Vec<PeerSnapshot>,
+    /// Peer instances sent to.
+    pub peer_targets: Vec<PeerTargetSnapshot>,
+    /// Local ledger changes dropped before peers got them (outbox full).
+    pub peer_outbox_dropped: u64,
+    /// Peers forgotten after going silent.
+    pub peers_forgotten: u64,
+}
+
+/// A peer kvgate instance this one hears from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PeerSnapshot {
+    /// Its instance id (random per process start).
+    pub instance: String,
+    /// Ledger changes received from it.
+    pub changes_received: u64,
+    /// Of those, bookings for a replica this instance does not know.
+    pub unknown_replica: u64,
+    /// Age of its last batch when it arrived (wall clocks), seconds.
+    pub lag_s: f64,
+    /// Since its last batch, seconds.
+    pub silent_s: f64,
+}
+
+/// A peer endpoint this instance sends to.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PeerTargetSnapshot {
+    /// Its URL.
+    pub url: String,
+    /// Batches it accepted.
+    pub batches_sent: u64,
+    /// Batches that failed (unreachable, refused).
+    pub failures: u64,
+    /// Batches dropped because its queue was full.
+    pub dropped: u64,
 }

@@ -123,6 +123,8 @@ pub(crate) struct Shared {
     pub(crate) block_size: u32,
     /// Set on shutdown: new requests get 503.
     pub(crate) closing: watch::Sender<bool>,
+    /// Peer instances (load sharing).
+    pub(crate) peers: crate::peers::Peers,
 }
 
 impl Shared {
@@ -189,8 +191,11 @@ impl Shared {
             tentative: router.tentative_stats(),
             cpu_seconds: crate::metrics::process_cpu_seconds(),
             uptime_s: now.saturating_duration_since(self.started).as_secs_f64(),
+            peer_outbox_dropped: self.peers.outbox_dropped.load(Ordering::Relaxed),
+            peers_forgotten: self.peers.forgotten.load(Ordering::Relaxed),
             ..FleetSnapshot::default()
         };
+        (out.peers, out.peer_targets) = self.peers.snapshot(now);
         let m = router.metrics();
         out.decisions = [&m.routed, &m.waits, &m.rejected].map(|c| c.load(Ordering::Relaxed));
         for r in replicas {

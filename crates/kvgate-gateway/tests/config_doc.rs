@@ -51,6 +51,11 @@ fn everything_set() -> GatewayConfig {
     c.model.dir = Some("/models/m".into());
     c.auth.admin_key = Some("admin-key-123".into());
     c.router.seed = Some(7);
+    c.peers.dns = Some("kvgate-peers:9000".into());
+    c.peers.listen = Some("0.0.0.0:9000".parse().unwrap());
+    c.peers.key = Some("peer-key-0123456789".into());
+    c.discovery.dns = Some("vllm-engines".into());
+    c.discovery.api_key = Some("engine-key".into());
     c
 }
 

@@ -331,7 +331,9 @@ pub fn line_chart(
             chart
                 .draw_series(LineSeries::new(l.points.clone(), c.stroke_width(2)))?
                 .label(l.label.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                });
             chart.draw_series(l.points.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
         }
         chart
@@ -343,5 +345,6 @@ pub fn line_chart(
         root.present()?;
         Ok(())
     };
-    draw().map_err(|e| ReplayError::Plot { path: path.display().to_string(), message: e.to_string() })
+    draw()
+        .map_err(|e| ReplayError::Plot { path: path.display().to_string(), message: e.to_string() })
 }

@@ -108,8 +108,8 @@ struct Prompts {
 }
 
 const WORDS: [&str; 16] = [
-    "kernel", "cache", "route", "token", "stream", "replica", "prefix", "block", "engine",
-    "batch", "queue", "decode", "prefill", "tensor", "memory", "latency",
+    "kernel", "cache", "route", "token", "stream", "replica", "prefix", "block", "engine", "batch",
+    "queue", "decode", "prefill", "tensor", "memory", "latency",
 ];
 
 fn text(seed: u64, words: usize) -> String {
@@ -499,7 +499,11 @@ async fn main() {
                 totals.2,
                 rss.last().map_or(0.0, |p| p.1)
             );
-            println!("wrote {} and {}", out.join("soak.csv").display(), out.join("soak-rss.svg").display());
+            println!(
+                "wrote {} and {}",
+                out.join("soak.csv").display(),
+                out.join("soak-rss.svg").display()
+            );
         }
     }
     let _ = gw.kill();

@@ -92,6 +92,28 @@ pub(crate) struct ServeArgs {
     /// Simulated replicas to start when none are configured (default 4).
     #[arg(long, env = "KVGATE_SIM_REPLICAS")]
     pub(crate) sim_replicas: Option<usize>,
+    /// A peer kvgate instance's peer endpoint, e.g. `http://10.0.0.7:9000`
+    /// (repeatable; env: comma-separated). Instances share their in-flight
+    /// bookings so that they balance load as one.
+    #[arg(long = "peer", value_name = "URL", env = "KVGATE_PEERS", value_delimiter = ',')]
+    pub(crate) peers: Vec<String>,
+    /// Find peers by DNS: `HOST:PORT` (a headless Service of the kvgate
+    /// pods), resolved periodically; this instance skips itself.
+    #[arg(long, value_name = "HOST:PORT", env = "KVGATE_PEER_DNS")]
+    pub(crate) peer_dns: Option<String>,
+    /// Where this instance receives its peers' bookings.
+    #[arg(long, value_name = "ADDR", env = "KVGATE_PEER_LISTEN")]
+    pub(crate) peer_listen: Option<std::net::SocketAddr>,
+    /// The key peers share (required with any peer setting).
+    #[arg(long, env = "KVGATE_PEER_KEY", hide_env_values = true)]
+    pub(crate) peer_key: Option<String>,
+    /// Find engines by DNS: a name (a headless Service of the vLLM pods)
+    /// resolved periodically; ports and topic come from `discovery.*`.
+    #[arg(long, value_name = "HOST", env = "KVGATE_DISCOVER_DNS")]
+    pub(crate) discover_dns: Option<String>,
+    /// The API key sent to discovered engines (vLLM's `--api-key`).
+    #[arg(long, env = "KVGATE_ENGINE_API_KEY", hide_env_values = true)]
+    pub(crate) engine_api_key: Option<String>,
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     pub(crate) print_config: bool,

@@ -65,6 +65,24 @@ pub(crate) fn config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
     if let Some(n) = args.sim_replicas {
         c.embedded_sims.replicas = n;
     }
+    if !args.peers.is_empty() {
+        c.peers.urls = args.peers.iter().filter(|u| !u.trim().is_empty()).cloned().collect();
+    }
+    if let Some(d) = &args.peer_dns {
+        c.peers.dns = Some(d.clone());
+    }
+    if let Some(a) = args.peer_listen {
+        c.peers.listen = Some(a);
+    }
+    if let Some(k) = &args.peer_key {
+        c.peers.key = Some(k.clone());
+    }
+    if let Some(d) = &args.discover_dns {
+        c.discovery.dns = Some(d.clone());
+    }
+    if let Some(k) = &args.engine_api_key {
+        c.discovery.api_key = Some(k.clone());
+    }
     c.validate()?;
     Ok(c)
 }
@@ -116,7 +134,7 @@ async fn embedded_fleet(c: &GatewayConfig) -> anyhow::Result<(Vec<Replica>, Vec<
 
 pub(crate) async fn run(mut config: GatewayConfig) -> anyhow::Result<()> {
     let mut sims = Vec::new();
-    if config.replicas.is_empty() {
+    if config.replicas.is_empty() && config.discovery.dns.is_none() {
         let (s, r) = embedded_fleet(&config).await?;
         tracing::info!(
             replicas = r.len(),

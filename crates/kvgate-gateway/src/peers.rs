@@ -1,0 +1,440 @@
+//! Peer load sharing: several kvgate instances in front of one fleet each
+//! see every replica's KV events (the engines' PUB sockets fan out), but
+//! each knows only its own in-flight requests. Without more, they herd: a
+//! burst split over three instances lands three times on the replica each
+//! thinks idle. So every instance sends its ledger changes (book, first
+//! token, finish) to its peers and books theirs through the router's peer
+//! API, and each routes on the fleet's whole load.
+//!
+//! Transport: batched JSON over HTTP, `POST /peer/v1/changes` on the peer
+//! listener, `Authorization: Bearer <peers.key>` (constant-time check).
+//! One sender task per peer posts its batches in order; a peer that is
+//! slow or gone only loses batches (bounded queue, counted), and routing
+//! never waits for it. A peer silent for `peers.timeout_ms` is forgotten:
+//! its bookings are released (ledger reason `peer_gone`). Replicas are
+//! named on the wire by their configured names, which every instance of one
+//! deployment shares; ids stay local.
+//!
+//! Peers come from `peers.urls` and from `peers.dns` (a headless Service),
+//! resolved periodically. Each process draws a random instance id at start;
+//! a batch that comes back with our own id (we resolved ourselves) turns
+//! that target off.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use kvgate_router::{LedgerChange, PeerId};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+
+use crate::auth::{bearer, key_matches};
+use crate::snapshot::{PeerSnapshot, PeerTargetSnapshot};
+use crate::state::{lock, Shared};
+
+/// The path peers post to.
+pub(crate) const CHANGES_PATH: &str = "/peer/v1/changes";
+
+/// One batch on the wire.
+#[derive(Debug, Serialize, Deserialize)]
+struct WireBatch {
+    /// The sender's instance id.
+    instance: String,
+    /// Sender's wall clock when sent, ms since the epoch (for lag).
+    sent_unix_ms: u64,
+    changes: Vec<WireChange>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum WireChange {
+    Book { id: u64, replica: String, prefill_tokens: u64, blocks: u64 },
+    FirstToken { id: u64 },
+    Finish { id: u64 },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct WireReply {
+    instance: String,
+}
+
+/// A peer we have heard from.
+#[derive(Debug)]
+struct Known {
+    id: PeerId,
+    last_seen: Instant,
+    changes: u64,
+    unknown_replica: u64,
+    lag_s: f64,
+}
+
+/// Counters of one send target.
+#[derive(Debug, Default)]
+struct TargetStats {
+    batches: AtomicU64,
+    failures: AtomicU64,
+    dropped: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Target {
+    tx: mpsc::Sender<Bytes>,
+    stats: Arc<TargetStats>,
+}
+
+/// Peer state shared by the handlers and the sender.
+#[derive(Debug)]
+pub(crate) struct Peers {
+    /// This process's id on the wire.
+    pub(crate) instance: String,
+    known: Mutex<HashMap<String, Known>>,
+    next_peer: AtomicU32,
+    targets: Mutex<HashMap<String, Target>>,
+    /// Targets that turned out to be this process.
+    itself: Mutex<HashSet<String>>,
+    /// Local changes dropped because the router's outbox overflowed.
+    pub(crate) outbox_dropped: AtomicU64,
+    /// Peers forgotten for silence.
+    pub(crate) forgotten: AtomicU64,
+}
+
+impl Peers {
+    pub(crate) fn new() -> Peers {
+        let mut raw = [0u8; 8];
+        // Without OS randomness, fall back to time and pid: still distinct
+        // between the processes of one deployment in practice.
+        if getrandom::fill(&mut raw).is_err() {
+            let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            raw = ((t as u64) ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
+        }
+        Peers {
+            instance: raw.iter().map(|b| format!("{b:02x}")).collect(),
+            known: Mutex::new(HashMap::new()),
+            next_peer: AtomicU32::new(1),
+            targets: Mutex::new(HashMap::new()),
+            itself: Mutex::new(HashSet::new()),
+            outbox_dropped: AtomicU64::new(0),
+            forgotten: AtomicU64::new(0),
+        }
+    }
+
+    /// For the snapshot: peers heard from, and send targets.
+    pub(crate) fn snapshot(&self, now: Instant) -> (Vec<PeerSnapshot>, Vec<PeerTargetSnapshot>) {
+        let mut peers: Vec<PeerSnapshot> = lock(&self.known)
+            .iter()
+            .map(|(instance, k)| PeerSnapshot {
+                instance: instance.clone(),
+                changes_received: k.changes,
+                unknown_replica: k.unknown_replica,
+                lag_s: k.lag_s,
+                silent_s: now.saturating_duration_since(k.last_seen).as_secs_f64(),
+            })
+            .collect();
+        peers.sort_by(|a, b| a.instance.cmp(&b.instance));
+        let mut targets: Vec<PeerTargetSnapshot> = lock(&self.targets)
+            .iter()
+            .map(|(url, t)| PeerTargetSnapshot {
+                url: url.clone(),
+                batches_sent: t.stats.batches.load(Ordering::Relaxed),
+                failures: t.stats.failures.load(Ordering::Relaxed),
+                dropped: t.stats.dropped.load(Ordering::Relaxed),
+            })
+            .collect();
+        targets.sort_by(|a, b| a.url.cmp(&b.url));
+        (peers, targets)
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// `POST /peer/v1/changes`: a peer's batch, applied in order.
+pub(crate) async fn receive(
+    State(s): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let key = s.config.peers.key.as_slice();
+    if !bearer(&headers).is_some_and(|t| key_matches(key, t)) {
+        s.metrics.rejected("peer_unauthorized");
+        return (StatusCode::UNAUTHORIZED, "peer key required").into_response();
+    }
+    let batch: WireBatch = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("bad batch: {e}")).into_response(),
+    };
+    let peers = &s.peers;
+    let reply = Json(WireReply { instance: peers.instance.clone() });
+    if batch.instance == peers.instance {
+        return reply.into_response();
+    }
+    let now = Instant::now();
+    let lag_s = unix_ms().saturating_sub(batch.sent_unix_ms) as f64 / 1e3;
+    let peer = {
+        let mut known = lock(&peers.known);
+        let k = known.entry(batch.instance.clone()).or_insert_with(|| {
+            let id = PeerId(peers.next_peer.fetch_add(1, Ordering::Relaxed));
+            tracing::info!(instance = %batch.instance, "peer joined");
+            Known { id, last_seen: now, changes: 0, unknown_replica: 0, lag_s }
+        });
+        k.last_seen = now;
+        k.lag_s = lag_s;
+        k.changes += batch.changes.len() as u64;
+        k.id
+    };
+    let mut unknown = 0;
+    {
+        // Names to local ids first, outside the router's lock.
+        let changes: Vec<Option<LedgerChange>> = batch
+            .changes
+            .iter()
+            .map(|c| match c {
+                WireChange::Book { id, replica, prefill_tokens, blocks } => {
+                    s.replica_by_name(replica).map(|r| LedgerChange::Book {
+                        id: *id,
+                        replica: r.id,
+                        prefill_tokens: *prefill_tokens,
+                        blocks: *blocks,
+                    })
+                }
+                WireChange::FirstToken { id } => Some(LedgerChange::FirstToken { id: *id }),
+                WireChange::Finish { id } => Some(LedgerChange::Finish { id: *id }),
+            })
+            .collect();
+        let mut router = lock(&s.router);
+        for c in changes {
+            match c {
+                Some(c) => {
+                    router.apply_peer(peer, &c, now);
+                }
+                None => unknown += 1,
+            }
+        }
+    }
+    if unknown > 0 {
+        if let Some(k) = lock(&peers.known).get_mut(&batch.instance) {
+            k.unknown_replica += unknown;
+        }
+    }
+    reply.into_response()
+}
+
+fn wire(s: &Shared, c: &LedgerChange) -> Option<WireChange> {
+    Some(match *c {
+        LedgerChange::Book { id, replica, prefill_tokens, blocks } => WireChange::Book {
+            id,
+            replica: s.replica(replica)?.name.clone(),
+            prefill_tokens,
+            blocks,
+        },
+        LedgerChange::FirstToken { id } => WireChange::FirstToken { id },
+        LedgerChange::Finish { id } => WireChange::Finish { id },
+    })
+}
+
+/// Sends local changes to every peer, forgets silent peers, and keeps the
+/// target list current (static URLs plus `peers.dns`), until `stop`.
+pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let cfg = shared.config.peers.clone();
+    lock(&shared.router).share_with_peers(true);
+    for u in &cfg.urls {
+        add_target(&shared, u.trim_end_matches('/'));
+    }
+    let flush = Duration::from_millis(cfg.flush_ms);
+    let heartbeat = Duration::from_millis(cfg.timeout_ms / 3);
+    let resolve_every = Duration::from_millis(cfg.resolve_interval_ms);
+    let mut tick = tokio::time::interval(flush);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut last_sent, mut last_resolved) = (Instant::now() - heartbeat, None::<Instant>);
+    let mut changes = Vec::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            _ = tick.tick() => {}
+        }
+        let now = Instant::now();
+        if let Some(dns) = &cfg.dns {
+            if last_resolved.is_none_or(|t| now.duration_since(t) >= resolve_every) {
+                last_resolved = Some(now);
+                resolve(&shared, dns).await;
+            }
+        }
+        changes.clear();
+        let dropped = lock(&shared.router).drain_ledger_changes(&mut changes);
+        shared.peers.outbox_dropped.store(dropped, Ordering::Relaxed);
+        if changes.is_empty() && now.duration_since(last_sent) < heartbeat {
+            forget_silent(&shared, now);
+            continue;
+        }
+        let batch = WireBatch {
+            instance: shared.peers.instance.clone(),
+            sent_unix_ms: unix_ms(),
+            changes: changes.iter().filter_map(|c| wire(&shared, c)).collect(),
+        };
+        let Ok(body) = serde_json::to_vec(&batch) else { continue };
+        let body = Bytes::from(body);
+        for t in lock(&shared.peers.targets).values() {
+            if t.tx.try_send(body.clone()).is_err() {
+                t.stats.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        last_sent = now;
+        forget_silent(&shared, now);
+    }
+    lock(&shared.peers.targets).clear();
+}
+
+/// Releases the bookings of peers silent for longer than the timeout.
+fn forget_silent(shared: &Shared, now: Instant) {
+    let timeout = Duration::from_millis(shared.config.peers.timeout_ms);
+    let gone: Vec<(String, PeerId)> = lock(&shared.peers.known)
+        .iter()
+        .filter(|(_, k)| now.saturating_duration_since(k.last_seen) > timeout)
+        .map(|(i, k)| (i.clone(), k.id))
+        .collect();
+    for (instance, id) in gone {
+        lock(&shared.peers.known).remove(&instance);
+        let released = lock(&shared.router).forget_peer(id);
+        shared.peers.forgotten.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(%instance, released, "peer silent too long: forgotten, its bookings released");
+    }
+}
+
+/// Resolves `dns` (HOST:PORT) and makes its addresses the DNS-found
+/// targets. A failed lookup keeps the current ones.
+async fn resolve(shared: &Arc<Shared>, dns: &str) {
+    let addrs = match tokio::net::lookup_host(dns).await {
+        Ok(a) => a.collect::<HashSet<SocketAddr>>(),
+        Err(e) => {
+            tracing::warn!(%dns, error = %e, "peer DNS lookup failed; keeping the current peers");
+            return;
+        }
+    };
+    let wanted: HashSet<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    let statics: HashSet<&str> =
+        shared.config.peers.urls.iter().map(|u| u.trim_end_matches('/')).collect();
+    let current: Vec<String> = lock(&shared.peers.targets).keys().cloned().collect();
+    for url in current {
+        if !wanted.contains(&url) && !statics.contains(url.as_str()) {
+            lock(&shared.peers.targets).remove(&url);
+            tracing::info!(%url, "peer left DNS");
+        }
+    }
+    for url in wanted {
+        add_target(shared, &url);
+    }
+}
+
+fn add_target(shared: &Arc<Shared>, url: &str) {
+    if lock(&shared.peers.itself).contains(url) {
+        return;
+    }
+    let mut targets = lock(&shared.peers.targets);
+    if targets.contains_key(url) {
+        return;
+    }
+    let (tx, rx) = mpsc::channel(shared.config.peers.queue_batches);
+    let stats = Arc::new(TargetStats::default());
+    targets.insert(url.to_owned(), Target { tx, stats: Arc::clone(&stats) });
+    tokio::spawn(send_loop(Arc::clone(shared), url.to_owned(), rx, stats));
+    tracing::info!(%url, "peer target added");
+}
+
+/// Posts one target's batches in order until its queue is dropped.
+async fn send_loop(
+    shared: Arc<Shared>,
+    url: String,
+    mut rx: mpsc::Receiver<Bytes>,
+    stats: Arc<TargetStats>,
+) {
+    let endpoint = format!("{url}{CHANGES_PATH}");
+    let key = shared.config.peers.key.clone().unwrap_or_default();
+    let timeout = Duration::from_millis(shared.config.peers.timeout_ms);
+    let mut failing = false;
+    while let Some(body) = rx.recv().await {
+        let sent = shared
+            .client
+            .post(&endpoint)
+            .bearer_auth(&key)
+            .header("content-type", "application/json")
+            .timeout(timeout)
+            .body(body)
+            .send()
+            .await;
+        let reply = match sent {
+            Ok(r) if r.status().is_success() => r.json::<WireReply>().await.ok(),
+            Ok(r) => {
+                if !failing {
+                    tracing::warn!(%url, status = %r.status(), "peer refused a batch");
+                }
+                None
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::warn!(%url, error = %e, "peer unreachable; batches to it are lost until it answers");
+                }
+                None
+            }
+        };
+        match reply {
+            Some(r) if r.instance == shared.peers.instance => {
+                tracing::debug!(%url, "peer target is this process; skipping it");
+                lock(&shared.peers.itself).insert(url.clone());
+                lock(&shared.peers.targets).remove(&url);
+                return;
+            }
+            Some(_) => {
+                failing = false;
+                stats.batches.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {
+                failing = true;
+                stats.failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_round_trip_on_the_wire() {
+        let b = WireBatch {
+            instance: "ab".into(),
+            sent_unix_ms: 7,
+            changes: vec![
+                WireChange::Book { id: 1, replica: "r0".into(), prefill_tokens: 512, blocks: 32 },
+                WireChange::FirstToken { id: 1 },
+                WireChange::Finish { id: 1 },
+            ],
+        };
+        let text = serde_json::to_string(&b).unwrap_or_default();
+        assert!(text.contains(r#""kind":"book""#), "{text}");
+        let back: WireBatch = serde_json::from_str(&text).unwrap_or(WireBatch {
+            instance: String::new(),
+            sent_unix_ms: 0,
+            changes: vec![],
+        });
+        assert_eq!(back.changes.len(), 3);
+        assert!(matches!(back.changes[0], WireChange::Book { id: 1, prefill_tokens: 512, .. }));
+        // Unknown kinds are refused, not guessed.
+        let bad = r#"{"instance":"x","sent_unix_ms":0,"changes":[{"kind":"steal","id":1}]}"#;
+        assert!(serde_json::from_str::<WireBatch>(bad).is_err());
+    }
+
+    #[test]
+    fn instance_ids_differ() {
+        assert_ne!(Peers::new().instance, Peers::new().instance);
+        assert_eq!(Peers::new().instance.len(), 16);
+    }
+}
