@@ -153,6 +153,31 @@ pub(crate) struct ReplayArgs {
     /// Live mode: the served model name sent in requests.
     #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
     pub(crate) model: String,
+    /// Live mode: kvgate instances to spawn in front of the engines, as a list of
+    /// setups compared side by side: `1,3` runs one instance, then three sharing
+    /// their bookings as peers; `3i` is three independent instances (no sharing).
+    /// The client spreads requests over an setup's instances round-robin. With more
+    /// than one setup, or any instance count above 1, runs are labelled
+    /// `POLICY×N` (`POLICY×Ni` without sharing).
+    #[arg(long, value_name = "LIST", default_value = "1", value_delimiter = ',', conflicts_with = "target")]
+    pub(crate) ingresses: Vec<String>,
+}
+
+/// One `--ingresses` entry: instance count and whether they share.
+fn parse_ingresses(list: &[String]) -> anyhow::Result<Vec<(usize, bool)>> {
+    list.iter()
+        .map(|e| {
+            let e = e.trim();
+            let (n, sharing) = match e.strip_suffix('i') {
+                Some(n) => (n, false),
+                None => (e, true),
+            };
+            match n.parse::<usize>() {
+                Ok(n) if (1..=16).contains(&n) => Ok((n, sharing)),
+                _ => bail!("--ingresses: {e:?} is not a count in 1..=16, optionally followed by `i`"),
+            }
+        })
+        .collect()
 }
 
 fn parse_list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
@@ -267,6 +292,10 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     if args.mode == Mode::Fast && args.target.is_some() {
         bail!("--target needs --mode live");
     }
+    let setups = parse_ingresses(&args.ingresses)?;
+    if args.mode == Mode::Fast && setups != [(1, true)] {
+        bail!("--ingresses needs --mode live");
+    }
     let policies: Vec<PolicyKind> = args
         .policies
         .split(',')
@@ -322,7 +351,7 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             (vec![args.rate_scale], None)
         }
     };
-    let pb = progress_bar(n * (scales.len() * policies.len()) as u64, "replaying");
+    let pb = progress_bar(n * (scales.len() * policies.len() * setups.len()) as u64, "replaying");
     let runs = match args.mode {
         Mode::Fast => {
             let inc = |k: u64| pb.inc(k);
@@ -340,21 +369,32 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
                 timing: args.timing.clone(),
                 max_in_flight: args.max_in_flight.max(1),
                 model: args.model.clone(),
+                ingresses: 1,
+                peer_sharing: true,
             };
+            let label = setups.len() > 1 || setups.iter().any(|s| s.0 > 1);
             let mut runs = Vec::new();
             for &scale in &scales {
                 for policy in &policies {
-                    let base = pb.position();
-                    let set = |k: u64| pb.set_position(base + k);
-                    let run = LiveRun {
-                        workload: &workload,
-                        spec: &fleet,
-                        policy: policy.name(),
-                        seed: args.seed,
-                        rate_scale: scale,
-                        bounds,
-                    };
-                    runs.push(run_live(run, &live, &set)?);
+                    for &(ingresses, peer_sharing) in &setups {
+                        let base = pb.position();
+                        let set = |k: u64| pb.set_position(base + k);
+                        let run = LiveRun {
+                            workload: &workload,
+                            spec: &fleet,
+                            policy: policy.name(),
+                            seed: args.seed,
+                            rate_scale: scale,
+                            bounds,
+                        };
+                        let opts = LiveOptions { ingresses, peer_sharing, ..live.clone() };
+                        let mut summary = run_live(run, &opts, &set)?;
+                        if label {
+                            let mark = if peer_sharing || ingresses == 1 { "" } else { "i" };
+                            summary.policy = format!("{}×{ingresses}{mark}", policy.name());
+                        }
+                        runs.push(summary);
+                    }
                 }
             }
             runs

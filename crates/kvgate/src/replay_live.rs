@@ -48,6 +48,11 @@ pub(crate) struct LiveOptions {
     pub(crate) max_in_flight: usize,
     /// Served model name sent in requests.
     pub(crate) model: String,
+    /// kvgate instances spawned in front of the engines; the client
+    /// spreads requests over them round-robin.
+    pub(crate) ingresses: usize,
+    /// With several instances: whether they share their bookings (peers).
+    pub(crate) peer_sharing: bool,
 }
 
 /// One request's outcome at the client, in wall time since the run started.
@@ -111,8 +116,10 @@ async fn live(
         .pool_max_idle_per_host(opts.max_in_flight)
         .tcp_nodelay(true)
         .build()?;
-    let (base, engines, pid, _spawned) = match &opts.target {
-        Some(url) => (url.trim_end_matches('/').to_owned(), Vec::new(), opts.target_pid, None),
+    let (bases, engines, pids, _spawned) = match &opts.target {
+        Some(url) => {
+            (vec![url.trim_end_matches('/').to_owned()], Vec::new(), opts.target_pid.into_iter().collect(), None)
+        }
         None => {
             let longest = workload
                 .requests
@@ -120,37 +127,36 @@ async fn live(
                 .map(|r| r.prompt.len() as u64 + u64::from(r.output_tokens))
                 .max()
                 .unwrap_or(0);
-            let (base, engines, pid, spawned) = spawn_fleet(spec, policy, seed, longest, opts)?;
-            (base, engines, Some(pid), Some(spawned))
+            let (bases, engines, pids, spawned) = spawn_fleet(spec, policy, seed, longest, opts)?;
+            (bases, engines, pids, Some(spawned))
         }
     };
-    wait_ready(&client, &base, opts).await?;
+    for base in &bases {
+        wait_ready(&client, base, opts).await?;
+    }
+    let cpu = |pids: &[u32]| pids.iter().map(|&p| process_cpu(p)).sum::<f64>();
 
-    // Idle rate of the kvgate process, to subtract (health checks, scrapes).
-    let idle_rate = match pid {
-        Some(pid) => {
-            let (c0, t0) = (process_cpu(pid), Instant::now());
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            (process_cpu(pid) - c0) / t0.elapsed().as_secs_f64()
-        }
-        None => 0.0,
+    // Idle rate of the kvgate processes, to subtract (health checks, scrapes).
+    let idle_rate = if pids.is_empty() {
+        0.0
+    } else {
+        let (c0, t0) = (cpu(&pids), Instant::now());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        (cpu(&pids) - c0) / t0.elapsed().as_secs_f64()
     };
     let before = engine_counters(&client, &engines).await?;
-    let decide_before = decide_histogram(&client, &base, opts).await;
-    let cpu0 = pid.map(process_cpu);
+    let decide_before = decide_histograms(&client, &bases, opts).await;
+    let cpu0 = cpu(&pids);
 
-    let outcomes = send_all(&client, &base, workload, rate_scale, opts, progress).await;
+    let outcomes = send_all(&client, &bases, workload, rate_scale, opts, progress).await;
     let wall = outcomes.wall;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let ingress_cpu = match (pid, cpu0) {
-        (Some(pid), Some(c0)) => {
-            let busy = process_cpu(pid) - c0 - idle_rate * (wall + 0.3);
-            Some(busy.max(0.0) / workload.requests.len().max(1) as f64 * 1e6)
-        }
-        _ => None,
-    };
+    let ingress_cpu = (!pids.is_empty()).then(|| {
+        let busy = cpu(&pids) - cpu0 - idle_rate * (wall + 0.3);
+        busy.max(0.0) / workload.requests.len().max(1) as f64 * 1e6
+    });
     let after = engine_counters(&client, &engines).await?;
-    let decide_after = decide_histogram(&client, &base, opts).await;
+    let decide_after = decide_histograms(&client, &bases, opts).await;
 
     Ok(summarise(
         workload,
@@ -179,19 +185,24 @@ fn free_port_run(n: usize) -> anyhow::Result<u16> {
     bail!("no run of {n} free loopback ports found")
 }
 
+/// The peer key of spawned instances: only they and loopback see it.
+const LIVE_PEER_KEY: &str = "kvgate-replay-live-peer-key";
+
 fn spawn_fleet(
     spec: &FleetSpec,
     policy: &str,
     seed: u64,
     longest: u64,
     opts: &LiveOptions,
-) -> anyhow::Result<(String, Vec<String>, u32, Spawned)> {
+) -> anyhow::Result<(Vec<String>, Vec<String>, Vec<u32>, Spawned)> {
     let exe = std::env::current_exe().context("cannot find the kvgate executable")?;
     let n = spec.replicas;
-    // HTTP, events and replay ports for every replica, then kvgate's two.
-    let first = free_port_run(3 * n + 2)?;
+    let k = opts.ingresses.max(1);
+    // HTTP, events and replay ports for every replica, then three per
+    // kvgate instance (API, admin, peers).
+    let first = free_port_run(3 * n + 3 * k)?;
     let (http, events, replay) = (first, first + n as u16, first + 2 * n as u16);
-    let (listen, admin) = (first + 3 * n as u16, first + 3 * n as u16 + 1);
+    let gw_port = |i: usize, which: u16| first + 3 * n as u16 + 3 * i as u16 + which;
     let e = &spec.engine;
     let mut sim = Command::new(&exe);
     sim.arg("sim")
@@ -215,37 +226,48 @@ fn spawn_fleet(
             .spawn()
             .context("cannot start kvgate sim")?,
     );
-    let mut gw = Command::new(&exe);
-    gw.arg("serve")
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .args(["--log", "warn"])
-        .args(["--set", &format!("router.policy={policy}")])
-        .args(["--set", &format!("router.seed={seed}")])
-        .args(["--set", &format!("model.served_name={}", opts.model)])
-        .args(["--set", &format!("model.max_model_len={}", longest.max(1) + 1)]);
-    let mut engines = Vec::new();
-    for i in 0..n as u16 {
-        let url = format!("http://127.0.0.1:{}", http + i);
-        gw.args([
-            "--replica",
-            &format!(
-                "{url},events=tcp://127.0.0.1:{},replay=tcp://127.0.0.1:{},block_size={}",
-                events + i,
-                replay + i,
-                e.block_size
-            ),
-        ]);
-        engines.push(url);
+    let engines: Vec<String> =
+        (0..n as u16).map(|i| format!("http://127.0.0.1:{}", http + i)).collect();
+    let (mut bases, mut pids) = (Vec::new(), Vec::new());
+    for g in 0..k {
+        let mut gw = Command::new(&exe);
+        gw.arg("serve")
+            .args(["--listen", &format!("127.0.0.1:{}", gw_port(g, 0))])
+            .args(["--admin-listen", &format!("127.0.0.1:{}", gw_port(g, 1))])
+            .args(["--log", "warn"])
+            .args(["--set", &format!("router.policy={policy}")])
+            .args(["--set", &format!("router.seed={}", seed + g as u64)])
+            .args(["--set", &format!("model.served_name={}", opts.model)])
+            .args(["--set", &format!("model.max_model_len={}", longest.max(1) + 1)]);
+        for (i, url) in engines.iter().enumerate() {
+            let i = i as u16;
+            gw.args([
+                "--replica",
+                &format!(
+                    "{url},events=tcp://127.0.0.1:{},replay=tcp://127.0.0.1:{},block_size={}",
+                    events + i,
+                    replay + i,
+                    e.block_size
+                ),
+            ]);
+        }
+        if k > 1 && opts.peer_sharing {
+            gw.args(["--peer-listen", &format!("127.0.0.1:{}", gw_port(g, 2))])
+                .args(["--peer-key", LIVE_PEER_KEY]);
+            for other in (0..k).filter(|&o| o != g) {
+                gw.args(["--peer", &format!("http://127.0.0.1:{}", gw_port(other, 2))]);
+            }
+        }
+        let child = gw
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start kvgate serve")?;
+        pids.push(child.id());
+        spawned.children.push(child);
+        bases.push(format!("http://127.0.0.1:{}", gw_port(g, 0)));
     }
-    let child = gw
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("cannot start kvgate serve")?;
-    let pid = child.id();
-    spawned.children.push(child);
-    Ok((format!("http://127.0.0.1:{listen}"), engines, pid, spawned))
+    Ok((bases, engines, pids, spawned))
 }
 
 fn with_key(rb: reqwest::RequestBuilder, opts: &LiveOptions) -> reqwest::RequestBuilder {
@@ -369,6 +391,28 @@ impl Histogram {
     }
 }
 
+/// The decision-time histograms of every instance, added up.
+async fn decide_histograms(
+    client: &reqwest::Client,
+    bases: &[String],
+    opts: &LiveOptions,
+) -> Histogram {
+    let mut total = Histogram::default();
+    for base in bases {
+        let h = decide_histogram(client, base, opts).await;
+        if total.buckets.is_empty() {
+            total.buckets = h.buckets;
+        } else {
+            for (t, b) in total.buckets.iter_mut().zip(&h.buckets) {
+                t.1 += b.1;
+            }
+        }
+        total.sum += h.sum;
+        total.count += h.count;
+    }
+    total
+}
+
 async fn decide_histogram(client: &reqwest::Client, base: &str, opts: &LiveOptions) -> Histogram {
     let Ok(r) = with_key(client.get(format!("{base}/metrics")), opts).send().await else {
         return Histogram::default();
@@ -400,13 +444,14 @@ struct Sent {
 /// the client saw.
 async fn send_all(
     client: &reqwest::Client,
-    base: &str,
+    bases: &[String],
     workload: &Workload,
     rate_scale: f64,
     opts: &LiveOptions,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Sent {
-    let url = format!("{base}/v1/completions");
+    // Round-robin over the instances, as a plain load balancer would.
+    let urls: Vec<String> = bases.iter().map(|b| format!("{b}/v1/completions")).collect();
     let limit = Arc::new(tokio::sync::Semaphore::new(opts.max_in_flight.max(1)));
     let in_flight: Arc<Mutex<HashMap<String, Arc<AtomicU32>>>> = Arc::default();
     let start = tokio::time::Instant::now();
@@ -446,7 +491,7 @@ async fn send_all(
             "stream_options": {"include_usage": true},
         });
         let prompt_tokens = req.prompt.len() as u32;
-        let rb = with_key(client.post(&url), opts).json(&body);
+        let rb = with_key(client.post(&urls[i % urls.len()]), opts).json(&body);
         let (in_flight, done) = (Arc::clone(&in_flight), Arc::clone(&done));
         tasks.push(tokio::spawn(async move {
             let out = one_request(rb, start, prompt_tokens, &in_flight).await;
