@@ -8,6 +8,8 @@
 # versions that `pip install vllm==0.33.0` resolves to (vllm 0.33.0 requires
 # transformers>=5.16.1,<5.21.0 and tokenizers>=0.23.2), so the fixtures are
 # rendered by the same library versions as the engine.
+# scripts/check-manifests.sh also needs kubernetes-validate (schema checks of
+# deploy/kubernetes against the Kubernetes JSON schemas it bundles; offline).
 #
 # Usage: scripts/setup-test-env.sh        (from anywhere)
 #   PYTHON=/usr/bin/python3.11 scripts/setup-test-env.sh   to choose the interpreter
@@ -33,6 +35,7 @@ MSGSPEC_VERSION="0.23.0"
 TRANSFORMERS_VERSION="5.20.2"
 TOKENIZERS_VERSION="0.23.3"
 JINJA2_VERSION="3.1.6"
+KUBERNETES_VALIDATE_VERSION="1.37.0"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.cache/venv"
@@ -47,18 +50,20 @@ log() { printf 'setup-test-env: %s\n' "$*" >&2; }
 have_pins() {
   [ -x "$PY_BIN" ] || return 1
   "$PY_BIN" - "$PYZMQ_VERSION" "$MSGSPEC_VERSION" \
-    "$TRANSFORMERS_VERSION" "$TOKENIZERS_VERSION" "$JINJA2_VERSION" <<'EOF' >/dev/null 2>&1
+    "$TRANSFORMERS_VERSION" "$TOKENIZERS_VERSION" "$JINJA2_VERSION" \
+    "$KUBERNETES_VALIDATE_VERSION" <<'EOF' >/dev/null 2>&1
 import sys
 from importlib.metadata import version
 import msgspec
 import zmq
 ok = zmq.__version__ == sys.argv[1] and msgspec.__version__ == sys.argv[2]
 ok = ok and [version(p) for p in ("transformers", "tokenizers", "jinja2")] == sys.argv[3:6]
+ok = ok and version("kubernetes-validate") == sys.argv[6]
 sys.exit(0 if ok else 1)
 EOF
 }
 
-PINS_DESC="pyzmq==$PYZMQ_VERSION msgspec==$MSGSPEC_VERSION transformers==$TRANSFORMERS_VERSION tokenizers==$TOKENIZERS_VERSION jinja2==$JINJA2_VERSION"
+PINS_DESC="pyzmq==$PYZMQ_VERSION msgspec==$MSGSPEC_VERSION transformers==$TRANSFORMERS_VERSION tokenizers==$TOKENIZERS_VERSION jinja2==$JINJA2_VERSION kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
 
 if have_pins; then
   log "$PINS_DESC already present in $VENV"
@@ -77,7 +82,8 @@ EOF
 
 mkdir -p "$ROOT/.cache"
 PKGS=("pyzmq==$PYZMQ_VERSION" "msgspec==$MSGSPEC_VERSION"
-      "transformers==$TRANSFORMERS_VERSION" "tokenizers==$TOKENIZERS_VERSION" "jinja2==$JINJA2_VERSION")
+      "transformers==$TRANSFORMERS_VERSION" "tokenizers==$TOKENIZERS_VERSION" "jinja2==$JINJA2_VERSION"
+      "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION")
 PIP_FLAGS=(--disable-pip-version-check --no-input --quiet)
 
 # site-packages directory of the python at $1 (a venv python).
