@@ -125,8 +125,11 @@ impl PeersConfig {
         for u in &self.urls {
             let url = reqwest::Url::parse(u)
                 .map_err(|e| ConfigError::Invalid(format!("peer url {u:?}: {e}")))?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return bad(format!("peer url {u:?}: expected http:// or https://"));
+            if url.scheme() != "http" {
+                return bad(format!(
+                    "peer url {u:?}: expected http:// (peers talk plain HTTP, authenticated \
+                     by the peer key, on a private network; TLS is not built in)"
+                ));
             }
         }
         if let Some(d) = &self.dns {

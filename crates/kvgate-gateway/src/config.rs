@@ -434,6 +434,21 @@ impl GatewayConfig {
             .map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))
     }
 
+    /// The configuration without its secrets (client, admin, peer and
+    /// engine keys), for printing: `--print-config` must not put keys on a
+    /// terminal or into a file that gets shared.
+    pub fn without_secrets(&self) -> GatewayConfig {
+        let mut c = self.clone();
+        c.auth.api_keys.clear();
+        c.auth.admin_key = None;
+        c.peers.key = None;
+        c.discovery.api_key = None;
+        for r in &mut c.replicas {
+            r.api_key = None;
+        }
+        c
+    }
+
     /// Checks the whole configuration once; everything else trusts it.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -489,8 +504,12 @@ impl GatewayConfig {
         for r in &self.replicas {
             let url = reqwest::Url::parse(&r.url)
                 .map_err(|e| ConfigError::Invalid(format!("replica url {:?}: {e}", r.url)))?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return bad(format!("replica url {:?}: expected http:// or https://", r.url));
+            if url.scheme() != "http" {
+                return bad(format!(
+                    "replica url {:?}: expected http:// (kvgate talks plain HTTP to engines \
+                     on a private network; TLS to engines is not built in)",
+                    r.url
+                ));
             }
             if !seen.insert(r.url.trim_end_matches('/').to_owned()) {
                 return bad(format!("replica {:?} is listed twice", r.url));

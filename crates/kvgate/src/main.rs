@@ -43,7 +43,11 @@ fn run() -> anyhow::Result<()> {
         cli::Command::Serve(args) => {
             let config = serve_cmd::config(&args)?;
             if args.print_config {
-                print!("{}", toml::to_string(&config)?);
+                println!(
+                    "# secrets (auth.api_keys, auth.admin_key, peers.key, discovery.api_key, \
+                     replicas' api_key) are left out: give them by flag or KVGATE_* variable"
+                );
+                print!("{}", toml::to_string(&config.without_secrets())?);
                 return Ok(());
             }
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

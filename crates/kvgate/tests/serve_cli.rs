@@ -130,3 +130,22 @@ fn serve_refuses_to_expose_itself_without_keys() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stdout).contains("allow_unauthenticated = true"));
 }
+
+#[test]
+fn print_config_leaves_secrets_out() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["serve", "--api-key", "client-secret-1", "--admin-key", "admin-secret-2"])
+        .args(["--peer-listen", "127.0.0.1:0", "--peer-key", "peer-secret-3-0123456789"])
+        .args(["--replica", "http://127.0.0.1:9,events=tcp://127.0.0.1:10,api_key=engine-secret-4"])
+        .arg("--print-config")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("127.0.0.1:9"), "{text}");
+    for secret in ["client-secret-1", "admin-secret-2", "peer-secret-3", "engine-secret-4"] {
+        assert!(!text.contains(secret), "{secret} printed:\n{text}");
+    }
+    // What is printed is still a configuration kvgate reads.
+    assert!(toml::from_str::<toml::Table>(&text).is_ok());
+}
