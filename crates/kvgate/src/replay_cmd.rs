@@ -159,7 +159,13 @@ pub(crate) struct ReplayArgs {
     /// The client spreads requests over an setup's instances round-robin. With more
     /// than one setup, or any instance count above 1, runs are labelled
     /// `POLICY×N` (`POLICY×Ni` without sharing).
-    #[arg(long, value_name = "LIST", default_value = "1", value_delimiter = ',', conflicts_with = "target")]
+    #[arg(
+        long,
+        value_name = "LIST",
+        default_value = "1",
+        value_delimiter = ',',
+        conflicts_with = "target"
+    )]
     pub(crate) ingresses: Vec<String>,
 }
 
@@ -174,7 +180,9 @@ fn parse_ingresses(list: &[String]) -> anyhow::Result<Vec<(usize, bool)>> {
             };
             match n.parse::<usize>() {
                 Ok(n) if (1..=16).contains(&n) => Ok((n, sharing)),
-                _ => bail!("--ingresses: {e:?} is not a count in 1..=16, optionally followed by `i`"),
+                _ => {
+                    bail!("--ingresses: {e:?} is not a count in 1..=16, optionally followed by `i`")
+                }
             }
         })
         .collect()

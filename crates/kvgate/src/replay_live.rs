@@ -117,9 +117,12 @@ async fn live(
         .tcp_nodelay(true)
         .build()?;
     let (bases, engines, pids, _spawned) = match &opts.target {
-        Some(url) => {
-            (vec![url.trim_end_matches('/').to_owned()], Vec::new(), opts.target_pid.into_iter().collect(), None)
-        }
+        Some(url) => (
+            vec![url.trim_end_matches('/').to_owned()],
+            Vec::new(),
+            opts.target_pid.into_iter().collect(),
+            None,
+        ),
         None => {
             let longest = workload
                 .requests
@@ -185,6 +188,10 @@ fn free_port_run(n: usize) -> anyhow::Result<u16> {
     bail!("no run of {n} free loopback ports found")
 }
 
+/// What `spawn_fleet` started: kvgate base URLs, engine URLs, kvgate pids,
+/// and the processes (killed on drop).
+type Fleet = (Vec<String>, Vec<String>, Vec<u32>, Spawned);
+
 /// The peer key of spawned instances: only they and loopback see it.
 const LIVE_PEER_KEY: &str = "kvgate-replay-live-peer-key";
 
@@ -194,7 +201,7 @@ fn spawn_fleet(
     seed: u64,
     longest: u64,
     opts: &LiveOptions,
-) -> anyhow::Result<(Vec<String>, Vec<String>, Vec<u32>, Spawned)> {
+) -> anyhow::Result<Fleet> {
     let exe = std::env::current_exe().context("cannot find the kvgate executable")?;
     let n = spec.replicas;
     let k = opts.ingresses.max(1);

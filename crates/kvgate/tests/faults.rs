@@ -14,6 +14,12 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::*;
 
+/// `KVGATE_FAULT_SCALE` (default 1) multiplies the traffic of the fault
+/// runs; `scripts/long-faults.sh` runs them longer with it.
+fn scale() -> usize {
+    std::env::var("KVGATE_FAULT_SCALE").ok().and_then(|v| v.parse().ok()).unwrap_or(1).max(1)
+}
+
 /// Prompts that share prefixes (a few "system prompts", many continuations),
 /// whole 16-token blocks so that the one output token never fills a block.
 fn prompts(n: usize, seed: u32) -> Vec<Vec<u32>> {
@@ -22,15 +28,14 @@ fn prompts(n: usize, seed: u32) -> Vec<Vec<u32>> {
             let family = (i * 7 + seed) % 5;
             let blocks = 4 + (i * 13 + seed) % 12;
             (0..blocks * 16)
-                .map(
-                    |t| {
-                        if t < 48 {
-                            1000 + family * 100 + t
-                        } else {
-                            5000 + i * 400 + t + seed * 97
-                        }
-                    },
-                )
+                .map(|t| {
+                    if t < 48 {
+                        1000 + family * 100 + t
+                    } else {
+                        // Within the vocabulary however long the run.
+                        5000 + (i * 400 + t + seed * 97) % 140_000
+                    }
+                })
                 .collect()
         })
         .collect()
@@ -93,8 +98,9 @@ async fn lost_events_are_replayed_until_the_view_matches_the_engine() {
     let serve = spawn_serve(&[&a, &b], &[]);
     wait_ready(&serve.base).await;
 
-    let (ok, failures) = send_all(&serve.base, &prompts(160, 0), 4).await;
-    assert_eq!(ok, 160, "{failures:?}");
+    let n = 160 * scale();
+    let (ok, failures) = send_all(&serve.base, &prompts(n, 0), 4).await;
+    assert_eq!(ok, n, "{failures:?}");
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     let gaps = metric(&serve.base, "kvgate_event_gaps_total").await;
@@ -149,13 +155,14 @@ async fn a_killed_replica_loses_no_request_and_is_purged() {
 
     // Kill r0 while requests are being sent; every one must still succeed.
     let base = serve.base.clone();
-    let load = tokio::spawn(async move { send_all(&base, &prompts(300, 3), 6).await });
+    let n = 300 * scale();
+    let load = tokio::spawn(async move { send_all(&base, &prompts(n, 3), 6).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let killed_at = Instant::now();
     let _ = a.proc.0.kill();
     let _ = a.proc.0.wait();
     let (ok, failures) = load.await.unwrap();
-    assert_eq!(ok, 300, "requests lost when a replica died: {failures:?}");
+    assert_eq!(ok, n, "requests lost when a replica died: {failures:?}");
     let retries = metric(&serve.base, "kvgate_retries_total").await;
     assert!(retries >= 1.0, "the kill hit no request: the test proved nothing");
 
@@ -167,7 +174,7 @@ async fn a_killed_replica_loses_no_request_and_is_purged() {
         assert!(killed_at.elapsed() < Duration::from_secs(5), "r0 still in rotation: {r}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    eprintln!("killed replica: 300 of 300 requests served ({retries} retried); out of rotation after {out_of_rotation:?}");
+    eprintln!("killed replica: {ok} of {n} requests served ({retries} retried); out of rotation after {out_of_rotation:?}");
     assert!(out_of_rotation <= Duration::from_secs(2), "left rotation after {out_of_rotation:?}");
     loop {
         if view(&serve, "r0").await.is_empty() {
