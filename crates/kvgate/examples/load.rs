@@ -447,7 +447,7 @@ async fn main() {
             let mut sending = true;
             loop {
                 tokio::select! {
-                    o = rx.recv() => match o {
+                    o = rx.recv(), if sending => match o {
                         Some(o) => window.push(o),
                         None => { sending = false; }
                     },
