@@ -139,3 +139,55 @@ async fn peers_see_each_others_bookings_and_survive_a_peer_death() {
     // B keeps trying A, and counts the failures instead of blocking.
     assert!(metric(&b.base, "kvgate_peer_send_failures_total").await >= 1.0);
 }
+
+/// Engines found through DNS: `localhost` resolves to the simulated engine,
+/// which becomes a replica named by its address and serves requests; no
+/// simulated replicas of kvgate's own are started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_are_discovered_through_dns() {
+    let ports = SimPorts::pick();
+    let _sim = spawn_sim(Some(ports), true, &["--speedup", "20"]);
+    let serve = spawn_serve_with(
+        &[],
+        &[
+            "--discover-dns",
+            "localhost",
+            "--set",
+            &format!("discovery.http_port={}", ports.http),
+            "--set",
+            &format!("discovery.events_port={}", ports.events),
+            "--set",
+            &format!("discovery.replay_port={}", ports.replay),
+            "--set",
+            "discovery.interval_ms=200",
+        ],
+    );
+    let name = format!("127.0.0.1:{}", ports.http);
+    wait_for("the engine discovered and healthy", Duration::from_secs(10), async || {
+        let v = get_json(&format!("{}/admin/replicas", serve.admin)).await;
+        v["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == name && r["health"] == "healthy")
+    })
+    .await;
+    let v = get_json(&format!("{}/admin/replicas", serve.admin)).await;
+    assert!(
+        v["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| !r["name"].as_str().unwrap().starts_with("sim-")),
+        "embedded sims started despite discovery: {v}"
+    );
+    let prompt: Vec<u32> = (0..48).collect();
+    let r = client()
+        .post(format!("{}/v1/completions", serve.base))
+        .json(&token_completion(&prompt, 2, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-kvgate-replica"], name.as_str());
+}
