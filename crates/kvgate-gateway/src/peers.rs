@@ -31,6 +31,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use kvgate_index::BlockKey;
 use kvgate_router::{LedgerChange, PeerId};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
@@ -55,9 +56,24 @@ struct WireBatch {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 enum WireChange {
-    Book { id: u64, replica: String, prefill_tokens: u64, blocks: u64 },
-    FirstToken { id: u64 },
-    Finish { id: u64 },
+    Book {
+        id: u64,
+        replica: String,
+        prefill_tokens: u64,
+        blocks: u64,
+    },
+    FirstToken {
+        id: u64,
+    },
+    Finish {
+        id: u64,
+    },
+    /// Blocks a booking will soon cache on `replica` (content keys, equal
+    /// on every instance): a peer's burst then finds the prefix there.
+    Tentative {
+        replica: String,
+        keys: Vec<u64>,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -193,9 +209,20 @@ pub(crate) async fn receive(
     let mut unknown = 0;
     {
         // Names to local ids first, outside the router's lock.
+        let mut tentative = Vec::new();
         let changes: Vec<Option<LedgerChange>> = batch
             .changes
             .iter()
+            .filter_map(|c| match c {
+                WireChange::Tentative { replica, keys } => {
+                    match s.replica_by_name(replica) {
+                        Some(r) => tentative.push((r.id, keys)),
+                        None => unknown += 1,
+                    }
+                    None
+                }
+                other => Some(other),
+            })
             .map(|c| match c {
                 WireChange::Book { id, replica, prefill_tokens, blocks } => {
                     s.replica_by_name(replica).map(|r| LedgerChange::Book {
@@ -207,9 +234,14 @@ pub(crate) async fn receive(
                 }
                 WireChange::FirstToken { id } => Some(LedgerChange::FirstToken { id: *id }),
                 WireChange::Finish { id } => Some(LedgerChange::Finish { id: *id }),
+                WireChange::Tentative { .. } => None,
             })
             .collect();
         let mut router = lock(&s.router);
+        for (replica, keys) in tentative {
+            let keys: Vec<BlockKey> = keys.iter().map(|&k| BlockKey(k)).collect();
+            router.apply_peer_tentative(replica, &keys, now);
+        }
         for c in changes {
             match c {
                 Some(c) => {
@@ -255,6 +287,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut last_sent, mut last_resolved) = (Instant::now() - heartbeat, None::<Instant>);
     let mut changes = Vec::new();
+    let mut tentative = Vec::new();
     loop {
         tokio::select! {
             _ = stop.changed() => break,
@@ -268,16 +301,30 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             }
         }
         changes.clear();
-        let dropped = lock(&shared.router).drain_ledger_changes(&mut changes);
+        tentative.clear();
+        let dropped = {
+            let mut router = lock(&shared.router);
+            router.drain_ledger_changes(&mut changes)
+                + router.drain_tentative_changes(&mut tentative)
+        };
         shared.peers.outbox_dropped.store(dropped, Ordering::Relaxed);
-        if changes.is_empty() && now.duration_since(last_sent) < heartbeat {
+        if changes.is_empty() && tentative.is_empty() && now.duration_since(last_sent) < heartbeat {
             forget_silent(&shared, now);
             continue;
         }
         let batch = WireBatch {
             instance: shared.peers.instance.clone(),
             sent_unix_ms: unix_ms(),
-            changes: changes.iter().filter_map(|c| wire(&shared, c)).collect(),
+            changes: changes
+                .iter()
+                .filter_map(|c| wire(&shared, c))
+                .chain(tentative.drain(..).filter_map(|(r, keys)| {
+                    Some(WireChange::Tentative {
+                        replica: shared.replica(r)?.name.clone(),
+                        keys: keys.iter().map(|k| k.0).collect(),
+                    })
+                }))
+                .collect(),
         };
         let Ok(body) = serde_json::to_vec(&batch) else { continue };
         let body = Bytes::from(body);
@@ -416,6 +463,7 @@ mod tests {
                 WireChange::Book { id: 1, replica: "r0".into(), prefill_tokens: 512, blocks: 32 },
                 WireChange::FirstToken { id: 1 },
                 WireChange::Finish { id: 1 },
+                WireChange::Tentative { replica: "r0".into(), keys: vec![7, u64::MAX] },
             ],
         };
         let text = serde_json::to_string(&b).unwrap_or_default();
@@ -425,7 +473,11 @@ mod tests {
             sent_unix_ms: 0,
             changes: vec![],
         });
-        assert_eq!(back.changes.len(), 3);
+        assert_eq!(back.changes.len(), 4);
+        // Content keys survive JSON exactly, even past 2^53.
+        assert!(
+            matches!(&back.changes[3], WireChange::Tentative { keys, .. } if keys[1] == u64::MAX)
+        );
         assert!(matches!(back.changes[0], WireChange::Book { id: 1, prefill_tokens: 512, .. }));
         // Unknown kinds are refused, not guessed.
         let bad = r#"{"instance":"x","sent_unix_ms":0,"changes":[{"kind":"steal","id":1}]}"#;

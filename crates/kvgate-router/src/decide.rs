@@ -161,6 +161,13 @@ impl Router {
                 if policy == PolicyKind::KvAware && c.health == Health::Healthy {
                     let from = (cached as usize).min(req.keys.len());
                     self.tentative.add(c.replica, &req.keys[from..], now);
+                    if let Some(out) = &mut self.tentative_outbox {
+                        if out.len() < crate::router::TENTATIVE_OUTBOX_MAX {
+                            out.push((c.replica, req.keys[from..].to_vec()));
+                        } else {
+                            self.tentative_outbox_dropped += 1;
+                        }
+                    }
                 }
                 if policy == PolicyKind::ApproxPrefix {
                     self.remember_approx(req, c.replica);

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvgate_index::ReplicaId;
+use kvgate_index::{BlockKey, ReplicaId};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 
@@ -69,7 +69,14 @@ pub struct Router {
     pub(crate) scratch_cands: Vec<Candidate>,
     pub(crate) scratch_costs: Vec<(usize, f64)>,
     pub(crate) scratch_approx: Vec<u32>,
+    /// With peers: the tentative blocks of local decisions, for peers
+    /// (`None` when not sharing). Bounded; overflow is counted.
+    pub(crate) tentative_outbox: Option<Vec<(ReplicaId, Vec<BlockKey>)>>,
+    pub(crate) tentative_outbox_dropped: u64,
 }
+
+/// Tentative-block additions buffered for peers between drains.
+pub(crate) const TENTATIVE_OUTBOX_MAX: usize = 1 << 14;
 
 impl Router {
     /// A router with no replicas. Fails on an invalid config.
@@ -99,6 +106,8 @@ impl Router {
             scratch_cands: Vec::new(),
             scratch_costs: Vec::new(),
             scratch_approx: Vec::new(),
+            tentative_outbox: None,
+            tentative_outbox_dropped: 0,
         })
     }
 
@@ -231,9 +240,30 @@ impl Router {
         self.tentative.expire(now, index);
     }
 
-    /// Starts (or stops) collecting local ledger changes for peers.
+    /// Starts (or stops) collecting local ledger changes, and the blocks
+    /// each routed request will soon cache, for peers.
     pub fn share_with_peers(&mut self, enabled: bool) {
         lock(&self.books).set_outbox(enabled);
+        self.tentative_outbox = enabled.then(Vec::new);
+    }
+
+    /// Moves the tentative blocks of local decisions made since the last
+    /// call into `out` (replica, the prompt's blocks it will cache). Returns
+    /// how many additions were dropped because nobody drained them.
+    pub fn drain_tentative_changes(&mut self, out: &mut Vec<(ReplicaId, Vec<BlockKey>)>) -> u64 {
+        if let Some(o) = &mut self.tentative_outbox {
+            out.append(o);
+        }
+        self.tentative_outbox_dropped
+    }
+
+    /// Marks blocks a peer's request will soon cache on `replica`, as this
+    /// router does for its own decisions, so that a burst split over
+    /// instances finds the prefix where a peer just sent it.
+    pub fn apply_peer_tentative(&mut self, replica: ReplicaId, keys: &[BlockKey], now: Instant) {
+        if self.config.policy == crate::PolicyKind::KvAware && self.replica(replica).is_some() {
+            self.tentative.add(replica, keys, now);
+        }
     }
 
     /// Moves the local ledger changes made since the last call into `out`.

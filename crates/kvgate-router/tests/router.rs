@@ -296,6 +296,36 @@ fn peer_bookings_count_as_load_and_age_out() {
 }
 
 #[test]
+fn a_peers_tentative_blocks_draw_the_same_prefix() {
+    // Instance A routes a prompt and shares the blocks it will cache.
+    let mut a = router(PolicyKind::KvAware, 4);
+    a.share_with_peers(true);
+    let k = keys(64, 5);
+    let t0 = Instant::now();
+    let first = a.decide_with_matches(&req(&k), &[gpu(0); 4], t0).routed().unwrap();
+    let mut shared = Vec::new();
+    a.drain_tentative_changes(&mut shared);
+    assert_eq!(shared.len(), 1);
+    assert_eq!(shared[0].0, first.replica);
+    assert_eq!(shared[0].1, k);
+    // Instance B, which has seen no KV event yet, gets the same prompt: with
+    // A's tentative blocks it goes where A sent the first (and counts them),
+    // as one instance would; without, it picks by load alone.
+    let mut b = router(PolicyKind::KvAware, 4);
+    let book =
+        LedgerChange::Book { id: 1, replica: first.replica, prefill_tokens: 1029, blocks: 64 };
+    b.apply_peer(PeerId(1), &book, t0);
+    b.apply_peer_tentative(first.replica, &shared[0].1, t0);
+    let d = b.decide_with_matches(&req(&k), &[gpu(0); 4], t0 + Duration::from_millis(1));
+    let d = d.routed().unwrap();
+    assert_eq!(d.replica, first.replica, "a peer's tentative prefix is followed");
+    let mut c = router(PolicyKind::KvAware, 4);
+    c.apply_peer(PeerId(1), &book, t0);
+    let e = c.decide_with_matches(&req(&k), &[gpu(0); 4], t0).routed().unwrap();
+    assert_ne!(e.replica, first.replica, "without it, the peer's load steers away");
+}
+
+#[test]
 fn removing_a_replica_releases_its_bookings() {
     let mut r = router(PolicyKind::RoundRobin, 2);
     let k = keys(4, 10);
