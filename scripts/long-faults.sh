@@ -15,20 +15,23 @@ log=.cache/long-faults.log
 : > "$log"
 cargo build --release -p kvgate --tests >/dev/null 2>&1 || cargo build --release -p kvgate --tests
 declare -A pass fail
+names=$(cargo test --release -q -p kvgate --test faults -- --list 2>/dev/null | sed -n 's/: test$//p')
 for round in $(seq 1 "$ROUNDS"); do
   echo "=== round $round of $ROUNDS (traffic x$KVGATE_FAULT_SCALE)" | tee -a "$log"
-  out=$(cargo test --release -q -p kvgate --test faults -- --test-threads 1 --nocapture 2>&1 || true)
+  out=$(cargo test --release -p kvgate --test faults -- --test-threads 1 --nocapture 2>&1 || true)
   echo "$out" >> "$log"
-  echo "$out" | grep -E "^(r[0-9]|killed|flood|peer|test )" || true
-  while read -r name result; do
-    if [ "$result" = ok ]; then pass[$name]=$(( ${pass[$name]:-0} + 1 )); else fail[$name]=$(( ${fail[$name]:-0} + 1 )); fi
-  done < <(echo "$out" | sed -n 's/^test \([a-z_]*\) \.\.\. \(ok\|FAILED\)$/\1 \2/p')
+  echo "$out" | grep -E "^(r[0-9]|killed|flood|peer)|panicked|^(left|r0 still)" || true
+  # Failed tests are listed, indented, after the last "failures:" header.
+  failed=$(echo "$out" | awk '/^failures:$/ {list=1; n++; next} list && /^    [a-z_]+$/ {print $1} /^test result/ {list=0}' | sort -u)
+  for name in $names; do
+    if echo "$failed" | grep -qx "$name"; then fail[$name]=$(( ${fail[$name]:-0} + 1 )); else pass[$name]=$(( ${pass[$name]:-0} + 1 )); fi
+  done
 done
 echo
 echo "| test | passed | failed |"
 echo "|---|---|---|"
 status=0
-for name in $(printf '%s\n' "${!pass[@]}" "${!fail[@]}" | sort -u); do
+for name in $names; do
   echo "| $name | ${pass[$name]:-0} | ${fail[$name]:-0} |"
   [ "${fail[$name]:-0}" -eq 0 ] || status=1
 done

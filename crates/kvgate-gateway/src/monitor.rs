@@ -33,19 +33,39 @@ pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) {
 /// One probe: `/health`, then `/metrics`.
 pub(crate) async fn probe_once(shared: &Shared, replica: &Replica) {
     let timeout = Duration::from_millis(shared.config.monitor.probe_timeout_ms);
-    let health = get(shared, replica, "/health", timeout).await;
+    let mut health = get(shared, replica, "/health", timeout).await;
+    if matches!(&health, Err(Probe { unreachable: false, .. })) {
+        // A kept-alive connection to a process that just died fails
+        // without a connect error; one fresh attempt tells a dead engine
+        // (refused: out of rotation at once) from a failing one.
+        health = get(shared, replica, "/health", timeout).await;
+    }
     let now = Instant::now();
     match health {
         Ok(_) => {
             let metrics = get(shared, replica, "/metrics", timeout).await;
-            let scrape = metrics.and_then(|t| parse_engine_metrics(&t));
+            let scrape = metrics.map_err(|p| p.error).and_then(|t| parse_engine_metrics(&t));
             on_success(shared, replica, scrape, now);
         }
-        Err(e) => {
-            shared.note_failure(replica, e, now);
+        // Nothing listens (refused, unreachable): out of rotation at once,
+        // as a refused request does; other failures count toward
+        // `unhealthy_after`.
+        Err(Probe { error, unreachable: true }) => {
+            shared.mark_down(replica, error, now);
+            purge_if_long_down(shared, replica, now);
+        }
+        Err(Probe { error, unreachable: false }) => {
+            shared.note_failure(replica, error, now);
             purge_if_long_down(shared, replica, now);
         }
     }
+}
+
+/// A failed probe.
+struct Probe {
+    error: String,
+    /// The connection itself failed.
+    unreachable: bool,
 }
 
 async fn get(
@@ -53,16 +73,23 @@ async fn get(
     replica: &Replica,
     path: &str,
     timeout: Duration,
-) -> Result<String, String> {
+) -> Result<String, Probe> {
     let mut req = shared.client.get(format!("{}{path}", replica.base)).timeout(timeout);
     if let Some(k) = &replica.config.api_key {
         req = req.bearer_auth(k);
     }
-    let resp = req.send().await.map_err(|e| format!("GET {path}: {e}"))?;
+    let failed = |e: reqwest::Error| Probe {
+        unreachable: e.is_connect(),
+        error: format!("GET {path}: {e}"),
+    };
+    let resp = req.send().await.map_err(failed)?;
     if !resp.status().is_success() {
-        return Err(format!("GET {path}: HTTP {}", resp.status()));
+        return Err(Probe {
+            error: format!("GET {path}: HTTP {}", resp.status()),
+            unreachable: false,
+        });
     }
-    resp.text().await.map_err(|e| format!("GET {path}: {e}"))
+    resp.text().await.map_err(failed)
 }
 
 fn on_success(
