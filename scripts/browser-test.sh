@@ -24,7 +24,7 @@ fi
 (cd tests/browser && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
 
 bin=${KVGATE_BIN:-}
-if [ -z "$bin" ]; then
+if [ -z "$bin" ] || [ ! -x "$bin" ]; then
   cargo build -q -p kvgate --bin kvgate
   bin="${CARGO_TARGET_DIR:-$PWD/target}/debug/kvgate"
 fi
