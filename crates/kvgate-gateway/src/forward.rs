@@ -144,10 +144,9 @@ async fn send(
     replica: &Replica,
     fwd_headers: &[(header::HeaderName, HeaderValue)],
 ) -> Result<reqwest::Response, (&'static str, ErrorResponse)> {
-    let url = format!("{}{}", replica.base, p.route.path());
     let mut rb = shared
         .client
-        .post(url)
+        .post(replica.route_url(p.route).clone())
         .header(header::CONTENT_TYPE, "application/json")
         .body(p.body_for(replica.config.passthrough));
     for (n, v) in fwd_headers {

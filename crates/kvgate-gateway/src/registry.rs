@@ -26,6 +26,7 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
     if read(&shared.replicas).iter().any(|r| r.base == base || r.name == name) {
         return Err(format!("replica {name} is already registered"));
     }
+    let route_urls = Replica::parse_route_urls(&base)?;
     let id = {
         let mut index = write(&shared.index);
         // Bounded from the start; the engine's reported cache size replaces
@@ -48,6 +49,7 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
         config: cfg,
         name,
         base,
+        route_urls,
         status: Mutex::new(ReplicaStatus::default()),
         events: Arc::new(SubscriberMetrics::default()),
         routed: AtomicU64::new(0),

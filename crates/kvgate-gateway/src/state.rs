@@ -84,6 +84,9 @@ pub(crate) struct Replica {
     pub(crate) name: String,
     /// The URL without a trailing slash.
     pub(crate) base: String,
+    /// The engine's chat and completions URLs, parsed once (parsing a URL
+    /// per request was 3 % of a short request's CPU).
+    pub(crate) route_urls: [reqwest::Url; 2],
     pub(crate) status: Mutex<ReplicaStatus>,
     pub(crate) events: Arc<SubscriberMetrics>,
     pub(crate) routed: AtomicU64,
@@ -92,6 +95,23 @@ pub(crate) struct Replica {
 }
 
 impl Replica {
+    /// `base` + each route's path, parsed.
+    pub(crate) fn parse_route_urls(base: &str) -> Result<[reqwest::Url; 2], String> {
+        let parse = |route: crate::prepare::Route| {
+            reqwest::Url::parse(&format!("{base}{}", route.path()))
+                .map_err(|e| format!("invalid URL {base}: {e}"))
+        };
+        Ok([parse(crate::prepare::Route::Chat)?, parse(crate::prepare::Route::Completions)?])
+    }
+
+    /// The engine URL for `route`.
+    pub(crate) fn route_url(&self, route: crate::prepare::Route) -> &reqwest::Url {
+        match route {
+            crate::prepare::Route::Chat => &self.route_urls[0],
+            crate::prepare::Route::Completions => &self.route_urls[1],
+        }
+    }
+
     /// The router health this status implies.
     pub(crate) fn health(&self, now: Instant) -> Health {
         let s = lock(&self.status);

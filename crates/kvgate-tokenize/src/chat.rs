@@ -30,6 +30,8 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 use tokenizers::{AddedToken, Tokenizer};
 
+use crate::normalized::SkipNormalizer;
+
 use crate::error::{Result, TokenizeError};
 use crate::model_dir::{ChatTemplates, ModelDir};
 use crate::preprocess::{self, TemplateKwargs};
@@ -66,6 +68,9 @@ type CompiledSlot = (String, std::result::Result<Arc<ChatTemplate>, String>);
 #[derive(Debug)]
 pub struct ChatTokenizer {
     tokenizer: Tokenizer,
+    /// Encodes text its normalizer would leave unchanged, without running
+    /// that normalizer (see [`SkipNormalizer`]).
+    skip_normalizer: Option<SkipNormalizer>,
     templates: ChatTemplates,
     compiled: Vec<CompiledSlot>,
     special_tokens: Vec<(&'static str, String)>,
@@ -135,6 +140,7 @@ impl ChatTokenizer {
             })
             .collect();
         Ok(ChatTokenizer {
+            skip_normalizer: SkipNormalizer::for_tokenizer(&tokenizer),
             tokenizer,
             templates: dir.templates,
             compiled,
@@ -349,7 +355,11 @@ impl ChatTokenizer {
     }
 
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        self.tokenizer
+        let tokenizer = match &self.skip_normalizer {
+            Some(skip) if skip.is_unchanged(text) => skip.tokenizer(),
+            _ => &self.tokenizer,
+        };
+        tokenizer
             .encode_fast(text, add_special_tokens)
             .map(|encoding| encoding.get_ids().to_vec())
             .map_err(|e| TokenizeError::Tokenizer(e.to_string()))

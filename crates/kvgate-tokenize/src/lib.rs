@@ -39,6 +39,7 @@ mod chat;
 mod config;
 mod error;
 mod model_dir;
+mod normalized;
 pub mod pool;
 pub mod prefix_cache;
 mod preprocess;

@@ -50,6 +50,35 @@ fn cpu_seconds(pid: &str) -> f64 {
     tasks.flatten().map(|t| schedstat_seconds(&t.path().join("schedstat"))).sum()
 }
 
+/// CPU seconds per thread name of `pid` (threads of one name summed).
+fn cpu_by_thread(pid: &str) -> std::collections::BTreeMap<String, f64> {
+    let mut m = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return m };
+    for t in tasks.flatten() {
+        let name = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        *m.entry(name.trim().to_string()).or_insert(0.0) +=
+            schedstat_seconds(&t.path().join("schedstat"));
+    }
+    m
+}
+
+/// Prints where the CPU went between two `cpu_by_thread` snapshots, per
+/// request.
+fn print_thread_split(
+    what: &str,
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+    requests: usize,
+) {
+    let parts: Vec<String> = after
+        .iter()
+        .map(|(k, v)| (k, v - before.get(k).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .map(|(k, d)| format!("{k} {:.1} µs", d * 1e6 / requests as f64))
+        .collect();
+    println!("({what}, gateway CPU per request by thread: {})", parts.join(", "));
+}
+
 /// CPU seconds of `pid`'s tokenizer threads (`kvgate-tokenize*`).
 fn tokenizer_thread_seconds(pid: &str) -> f64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
@@ -63,64 +92,168 @@ fn tokenizer_thread_seconds(pid: &str) -> f64 {
         .sum()
 }
 
-/// Raw tokenization on a thread of its own, so that its CPU time can be read
-/// exactly between requests, while it waits (reading the calling thread's own
-/// figure would miss up to a scheduler tick per request).
+/// How the raw baseline tokenizes a chat body.
+#[derive(Clone, Copy)]
+enum RawMode {
+    /// Parse, render, then the `tokenizers` library's own `encode_fast` on
+    /// the tokenizer as loaded: what any gateway must at least do.
+    Library,
+    /// Parse, then kvgate's `ChatTokenizer::encode_chat` (render + encode,
+    /// skipping the normalizer on normalized text), no prefix cache.
+    Kvgate,
+}
+
+/// Raw tokenization on threads of their own, so that their CPU time can be
+/// read exactly between requests, while they wait (reading the calling
+/// thread's own figure would miss up to a scheduler tick per request).
 struct RawTokenizer {
-    requests: std::sync::mpsc::Sender<Vec<u8>>,
+    workers: Vec<RawWorker>,
+}
+
+struct RawWorker {
+    requests: std::sync::mpsc::Sender<(Vec<u8>, RawMode)>,
     done: std::sync::mpsc::Receiver<usize>,
     task: std::path::PathBuf,
 }
 
 impl RawTokenizer {
-    const NAME: &'static str = "raw-tokenize";
-
-    fn start(tok: ChatTokenizer) -> Self {
-        let (requests, rx) = std::sync::mpsc::channel::<Vec<u8>>();
-        let (tx, done) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name(Self::NAME.into())
-            .spawn(move || {
-                for b in rx {
-                    let mut r: ChatRequest = serde_json::from_slice(&b).unwrap();
-                    r.endpoint = Endpoint::ChatCompletions;
-                    tx.send(tok.encode_chat(&r).unwrap().len()).unwrap();
-                }
+    /// `threads` tokenizer threads (the gateway's pool has one per core).
+    fn start(tok: ChatTokenizer, threads: usize) -> Self {
+        let tok = std::sync::Arc::new(tok);
+        let workers = (0..threads)
+            .map(|i| {
+                let name = format!("raw-tokenize-{i}");
+                let tok = std::sync::Arc::clone(&tok);
+                let (requests, rx) = std::sync::mpsc::channel::<(Vec<u8>, RawMode)>();
+                let (tx, done) = std::sync::mpsc::channel();
+                std::thread::Builder::new()
+                    .name(name.clone())
+                    .spawn(move || {
+                        for (b, mode) in rx {
+                            let mut r: ChatRequest = serde_json::from_slice(&b).unwrap();
+                            r.endpoint = Endpoint::ChatCompletions;
+                            let n = match mode {
+                                RawMode::Library => {
+                                    let text = tok.render_chat(&r).unwrap();
+                                    tok.tokenizer().encode_fast(text, false).unwrap().len()
+                                }
+                                RawMode::Kvgate => tok.encode_chat(&r).unwrap().len(),
+                            };
+                            tx.send(n).unwrap();
+                        }
+                    })
+                    .unwrap();
+                let t0 = Instant::now();
+                let task = loop {
+                    let found = std::fs::read_dir("/proc/self/task").unwrap().flatten().find(|t| {
+                        std::fs::read_to_string(t.path().join("comm"))
+                            .is_ok_and(|c| c.trim() == name)
+                    });
+                    if let Some(t) = found {
+                        break t.path();
+                    }
+                    assert!(t0.elapsed() < Duration::from_secs(5), "tokenizer thread not found");
+                    std::thread::yield_now();
+                };
+                RawWorker { requests, done, task }
             })
-            .unwrap();
-        let t0 = Instant::now();
-        let task = loop {
-            let found = std::fs::read_dir("/proc/self/task").unwrap().flatten().find(|t| {
-                std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == Self::NAME)
-            });
-            if let Some(t) = found {
-                break t.path();
-            }
-            assert!(t0.elapsed() < Duration::from_secs(5), "tokenizer thread not found");
-            std::thread::yield_now();
-        };
-        Self { requests, done, task }
+            .collect();
+        Self { workers }
     }
 
-    /// Waits until the thread sleeps, so that its schedstat is current.
-    fn cpu_when_idle(&self) -> f64 {
-        loop {
-            let stat = std::fs::read_to_string(self.task.join("stat")).unwrap();
-            let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next());
-            if state == Some("S") {
-                return schedstat_seconds(&self.task.join("schedstat"));
-            }
-            std::thread::yield_now();
+    /// Tokens of each body and the CPU seconds of all of them, tokenized
+    /// concurrently over the threads (body i on thread i mod threads).
+    fn tokenize(&self, bodies: &[Vec<u8>], mode: RawMode) -> (Vec<usize>, f64) {
+        let c0: f64 = self.workers.iter().map(RawWorker::cpu_when_idle).sum();
+        for (i, b) in bodies.iter().enumerate() {
+            self.workers[i % self.workers.len()].requests.send((b.clone(), mode)).unwrap();
         }
+        let tokens = (0..bodies.len())
+            .map(|i| self.workers[i % self.workers.len()].done.recv().unwrap())
+            .collect();
+        let c1: f64 = self.workers.iter().map(RawWorker::cpu_when_idle).sum();
+        (tokens, c1 - c0)
     }
+}
 
-    /// Tokens and CPU seconds for one request body.
-    fn tokenize(&self, body: Vec<u8>) -> (usize, f64) {
-        let c0 = self.cpu_when_idle();
-        self.requests.send(body).unwrap();
-        let n = self.done.recv().unwrap();
-        (n, self.cpu_when_idle() - c0)
+impl RawWorker {
+    fn cpu_when_idle(&self) -> f64 {
+        thread_cpu_when_idle(&self.task)
     }
+}
+
+/// CPU seconds of the thread at `task` (a /proc task directory), read once
+/// it sleeps, so that its schedstat is current.
+fn thread_cpu_when_idle(task: &std::path::Path) -> f64 {
+    loop {
+        let stat = std::fs::read_to_string(task.join("stat")).unwrap();
+        let state = stat.rsplit(')').next().and_then(|r| r.split_whitespace().next());
+        if state == Some("S") {
+            return schedstat_seconds(&task.join("schedstat"));
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// The machine's own penalty for running after a pause: the CPU time of one
+/// fixed piece of kvgate's request path (render + encode of a short chat)
+/// run back to back, and run once per `gap` (the spacing a one-at-a-time
+/// client leaves between requests). Shared, virtualised cores lose their
+/// caches while a thread sleeps; this shows by how much, side by side.
+fn pause_penalty(gap: Duration) -> (f64, f64) {
+    let tok = ChatTokenizer::bundled().unwrap();
+    let job = move |i: usize| {
+        let body = json!({"messages": [{"role": "user", "content": format!("Hello number {i}, how are you?")}]});
+        let r: ChatRequest = serde_json::from_value(body).unwrap();
+        std::hint::black_box(tok.encode_chat(&r).unwrap());
+    };
+    let (go, rx) = std::sync::mpsc::channel::<Option<Duration>>();
+    let (tx, done) = std::sync::mpsc::channel::<()>();
+    let name = "pause-control";
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let mut i = 0;
+            while let Ok(Some(pause)) = rx.recv() {
+                for _ in 0..if pause.is_zero() { 2000 } else { 400 } {
+                    std::thread::sleep(pause);
+                    job(i);
+                    i += 1;
+                }
+                tx.send(()).unwrap();
+            }
+        })
+        .unwrap();
+    let task = loop {
+        let found = std::fs::read_dir("/proc/self/task").unwrap().flatten().find(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+        });
+        if let Some(t) = found {
+            break t.path();
+        }
+        std::thread::yield_now();
+    };
+    let run = |pause: Duration, n: f64| {
+        let c0 = thread_cpu_when_idle(&task);
+        go.send(Some(pause)).unwrap();
+        done.recv().unwrap();
+        (thread_cpu_when_idle(&task) - c0) / n
+    };
+    let hot = run(Duration::ZERO, 2000.0);
+    let paused = run(gap, 400.0);
+    let _ = go.send(None);
+    (hot, paused)
+}
+
+/// Whether a phase runs: `KVGATE_BENCH_PHASES` lists them (ttft, short1,
+/// short16, long1, long4), all by default; for profiling one at a time.
+fn phase(name: &str) -> bool {
+    std::env::var("KVGATE_BENCH_PHASES").map_or(true, |p| p.split(',').any(|x| x.trim() == name))
+}
+
+/// `max_tokens` of the short requests (`KVGATE_BENCH_SHORT_MAX_TOKENS`, 2).
+fn short_max_tokens() -> u32 {
+    std::env::var("KVGATE_BENCH_SHORT_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -136,6 +269,7 @@ struct LongRow {
     tokenizer_threads: f64,
     tokenize_wall: f64,
     raw_cpu: f64,
+    kvgate_tokenizer_cpu: f64,
 }
 
 /// A distinct ~4k-token conversation.
@@ -209,12 +343,13 @@ async fn main() {
     };
     let direct_url = format!("{}/v1/chat/completions", sims[0].url());
     let via_url = format!("{base}/v1/chat/completions");
+    let n_ttft = if phase("ttft") { n } else { 1 };
     for i in 0..20 {
         ttft(&client, &direct_url, &short(i, true)).await;
         ttft(&client, &via_url, &short(i, true)).await;
     }
     let (mut direct, mut via) = (Vec::new(), Vec::new());
-    for i in 0..n {
+    for i in 0..n_ttft {
         direct.push(ttft(&client, &direct_url, &short(i, true)).await * 1e3);
         via.push(ttft(&client, &via_url, &short(i, true)).await * 1e3);
     }
@@ -228,9 +363,12 @@ async fn main() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let idle_rate = (cpu_seconds(&gw_pid) - i0) / idle_t.elapsed().as_secs_f64();
     let mut short_cpu = [0.0; 2];
-    let skip_short = std::env::var("KVGATE_BENCH_SKIP_SHORT").is_ok();
-    for (k, conc) in [1usize, 16].into_iter().enumerate().filter(|_| !skip_short) {
+    let mut short_gap = None;
+    for (k, conc) in
+        [1usize, 16].into_iter().enumerate().filter(|(_, c)| phase(&format!("short{c}")))
+    {
         let total = n * 4;
+        let threads0 = cpu_by_thread(&gw_pid);
         let c0 = cpu_seconds(&gw_pid);
         let t = Instant::now();
         let mut tasks = Vec::new();
@@ -238,7 +376,7 @@ async fn main() {
             let (client, url) = (client.clone(), via_url.clone());
             tasks.push(tokio::spawn(async move {
                 for i in (w..total).step_by(conc) {
-                    let body = json!({"model": MODEL, "max_tokens": 2,
+                    let body = json!({"model": MODEL, "max_tokens": short_max_tokens(),
                         "messages": [{"role": "user", "content": format!("Hello number {i}, how are you?")}]});
                     let r = client.post(&url).json(&body).send().await.unwrap();
                     assert!(r.status().is_success());
@@ -251,6 +389,16 @@ async fn main() {
         }
         let wall = t.elapsed().as_secs_f64();
         short_cpu[k] = ((cpu_seconds(&gw_pid) - c0) - idle_rate * wall) / total as f64;
+        println!("(short, {conc} at a time: {:.1} µs wall per request)", wall * 1e6 / total as f64);
+        if conc == 1 {
+            short_gap = Some(Duration::from_secs_f64(wall / total as f64));
+        }
+        print_thread_split(
+            &format!("short, {conc} at a time"),
+            &threads0,
+            &cpu_by_thread(&gw_pid),
+            total,
+        );
     }
 
     // 3. Per distinct ~4k-token chat, interleaved so that both sides run
@@ -259,19 +407,39 @@ async fn main() {
     // meanwhile), then send the same group through the gateway, one at a
     // time or all at once. The gateway's CPU is read once around each phase,
     // when it is idle, minus its idle rate.
-    let raw = RawTokenizer::start(tok);
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let raw = RawTokenizer::start(tok, cores);
     let mut long_rows = Vec::new();
     for (conc, group) in [(1usize, &bodies[..n_long]), (4, &bodies[n_long..])] {
-        let (mut raw_cpu, mut tokens) = (0.0, 0usize);
+        if !phase(&format!("long{conc}")) {
+            continue;
+        }
+        let (mut raw_cpu, mut kvgate_cpu, mut tokens) = (0.0, 0.0, 0usize);
+        let (mut lib_n, mut kvgate_n) = (0usize, 0usize);
         let tok_before = gateway_tokenize_seconds(&client, &base).await;
+        let threads0 = cpu_by_thread(&gw_pid);
         let c0 = cpu_seconds(&gw_pid);
         let tt0 = tokenizer_thread_seconds(&gw_pid);
         let t = Instant::now();
-        for chunk in group.chunks(conc) {
-            for b in chunk {
-                let (n, cpu) = raw.tokenize(b.clone());
-                tokens += n;
-                raw_cpu += cpu;
+        for (chunk_no, chunk) in group.chunks(conc).enumerate() {
+            // As many at a time as the gateway gets, over as many threads
+            // as its tokenizer pool has (a busy neighbour core slows a
+            // thread down: both sides must see the same parallelism). One
+            // raw pass per group, the two raw modes taking turns, so that
+            // every pass, raw or gateway, follows a pause of the other side
+            // (a tokenizer that just ran has its tables in cache).
+            let mode = if chunk_no % 2 == 0 { RawMode::Library } else { RawMode::Kvgate };
+            let (n, cpu) = raw.tokenize(chunk, mode);
+            match mode {
+                RawMode::Library => {
+                    tokens += n.iter().sum::<usize>();
+                    lib_n += chunk.len();
+                    raw_cpu += cpu;
+                }
+                RawMode::Kvgate => {
+                    kvgate_n += chunk.len();
+                    kvgate_cpu += cpu;
+                }
             }
             let sends = chunk.iter().map(|b| {
                 let (client, url, body) = (client.clone(), via_url.clone(), b.clone());
@@ -292,13 +460,20 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let wall = t.elapsed().as_secs_f64();
         let k = group.len() as f64;
+        print_thread_split(
+            &format!("long, {conc} at a time"),
+            &threads0,
+            &cpu_by_thread(&gw_pid),
+            group.len(),
+        );
         long_rows.push(LongRow {
             conc,
-            tokens: tokens / group.len(),
+            tokens: tokens / lib_n.max(1),
             gateway_cpu: (cpu_seconds(&gw_pid) - c0 - idle_rate * wall) / k,
             tokenizer_threads: (tokenizer_thread_seconds(&gw_pid) - tt0) / k,
             tokenize_wall: (gateway_tokenize_seconds(&client, &base).await - tok_before) / k,
-            raw_cpu: raw_cpu / k,
+            raw_cpu: raw_cpu / lib_n.max(1) as f64,
+            kvgate_tokenizer_cpu: kvgate_cpu / kvgate_n.max(1) as f64,
         });
     }
 
@@ -315,14 +490,26 @@ async fn main() {
         short_cpu[1] * 1e6,
         idle_rate * 1e3
     );
+    if let Some(gap) = short_gap {
+        let (hot, paused) = pause_penalty(gap);
+        println!(
+            "| Control: render + encode of one short chat in the bench process, back to back / once per {:.2} ms | {:.1} / {:.1} µs = {:.2}× | |",
+            gap.as_secs_f64() * 1e3,
+            hot * 1e6,
+            paused * 1e6,
+            paused / hot
+        );
+    }
     for r in &long_rows {
         println!(
-            "| Gateway CPU per distinct {}-token chat vs raw tokenization, {} at a time | {:.0} µs vs {:.0} µs = {:.2}× (tokenizer threads {:.0} µs CPU = {:.2}× raw; tokenize timer {:.0} µs wall) | ≤ 1.1× |",
+            "| Gateway CPU per distinct {}-token chat vs raw tokenization (library encode), {} at a time | {:.0} µs vs {:.0} µs = {:.2}× (vs kvgate's own tokenizer call, {:.0} µs: {:.2}×; tokenizer threads {:.0} µs CPU = {:.2}× raw; tokenize timer {:.0} µs wall) | ≤ 1.1× |",
             r.tokens,
             r.conc,
             r.gateway_cpu * 1e6,
             r.raw_cpu * 1e6,
             r.gateway_cpu / r.raw_cpu,
+            r.kvgate_tokenizer_cpu * 1e6,
+            r.gateway_cpu / r.kvgate_tokenizer_cpu,
             r.tokenizer_threads * 1e6,
             r.tokenizer_threads / r.raw_cpu,
             r.tokenize_wall * 1e6

@@ -50,12 +50,24 @@ pub fn free_ports() -> (u16, u16) {
 /// The release `kvgate serve` next to this example's binary, in front of
 /// `sims`; `KVGATE_BENCH_SET="k=v k=v"` adds `--set` overrides.
 pub fn spawn_gateway(sims: &[Replica], port: u16, admin: u16) -> Child {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().and_then(|p| p.parent()).unwrap().join("kvgate");
+    // KVGATE_BENCH_BIN: another build of the gateway (A/B comparisons).
+    let bin =
+        std::env::var_os("KVGATE_BENCH_BIN").map(std::path::PathBuf::from).unwrap_or_else(|| {
+            let exe = std::env::current_exe().unwrap();
+            exe.parent().and_then(|p| p.parent()).unwrap().join("kvgate")
+        });
     let mut cmd = Command::new(bin);
     cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
         .args(["--log", "warn"]);
+    // KVGATE_BENCH_GATEWAY_ENV="K=V ...": environment for the gateway only.
+    if let Ok(env) = std::env::var("KVGATE_BENCH_GATEWAY_ENV") {
+        for kv in env.split_whitespace() {
+            if let Some((k, v)) = kv.split_once('=') {
+                cmd.env(k, v);
+            }
+        }
+    }
     if let Ok(extra) = std::env::var("KVGATE_BENCH_SET") {
         for kv in extra.split_whitespace() {
             cmd.args(["--set", kv]);
