@@ -370,6 +370,10 @@ pub struct GatewayConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Add `x-kvgate-replica: <name>` to responses.
     pub replica_header: bool,
+    /// Threads of the async runtime (HTTP, KV events, relaying); 0 = one
+    /// per four cores, at least one. Tokenization has its own threads
+    /// (`model.tokenizer_threads`).
+    pub worker_threads: usize,
     /// The model.
     pub model: ModelConfig,
     /// Replicas; none starts `embedded_sims`.
@@ -399,6 +403,7 @@ impl Default for GatewayConfig {
             admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 8001))),
             metrics_listen: None,
             replica_header: true,
+            worker_threads: 0,
             model: ModelConfig::default(),
             replicas: Vec::new(),
             router: RouterConfig::default(),
@@ -414,6 +419,21 @@ impl Default for GatewayConfig {
 }
 
 impl GatewayConfig {
+    /// The async runtime's thread count: `worker_threads`, or one per four
+    /// of `cores`. The request path's heavy part, tokenization, runs on the
+    /// tokenizer pool (one thread per core); what is left on the runtime is
+    /// light, and on a small machine more runtime threads only add
+    /// cross-thread wake-ups: on 2 cores, one thread instead of two cut
+    /// kvgate's CPU per request by ~15 % and raised the load it sustains
+    /// (docs/benchmarks.md, "`kvgate serve` overhead").
+    pub fn runtime_threads(&self, cores: usize) -> usize {
+        if self.worker_threads > 0 {
+            self.worker_threads
+        } else {
+            (cores / 4).max(1)
+        }
+    }
+
     /// Reads a TOML document, applies `key=value` overrides (dotted keys,
     /// TOML values; a value that is not valid TOML is taken as a string),
     /// and deserialises.
@@ -453,6 +473,9 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         self.router.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if self.worker_threads > 1024 {
+            return bad(format!("worker_threads {} is above 1024", self.worker_threads));
+        }
         let auth = &self.auth;
         if auth.api_keys.iter().any(|k| k.len() < 8) {
             return bad("auth.api_keys: every key needs at least 8 characters".into());
@@ -587,6 +610,18 @@ fn set_dotted(doc: &mut toml::Table, key: &str, value: toml::Value) -> Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtime_threads_default_to_a_quarter_of_the_cores() {
+        let mut c = GatewayConfig::default();
+        assert_eq!(c.runtime_threads(1), 1);
+        assert_eq!(c.runtime_threads(2), 1);
+        assert_eq!(c.runtime_threads(16), 4);
+        c.worker_threads = 3;
+        assert_eq!(c.runtime_threads(2), 3);
+        c.worker_threads = 5000;
+        assert!(c.validate().unwrap_err().to_string().contains("worker_threads"));
+    }
 
     #[test]
     fn defaults_validate_and_round_trip_through_toml() {

@@ -50,7 +50,11 @@ fn run() -> anyhow::Result<()> {
                 print!("{}", toml::to_string(&config.without_secrets())?);
                 return Ok(());
             }
-            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(config.runtime_threads(cores))
+                .enable_all()
+                .build()?;
             runtime.block_on(serve_cmd::run(config))
         }
     }
