@@ -143,18 +143,7 @@ impl RawTokenizer {
                         }
                     })
                     .unwrap();
-                let t0 = Instant::now();
-                let task = loop {
-                    let found = std::fs::read_dir("/proc/self/task").unwrap().flatten().find(|t| {
-                        std::fs::read_to_string(t.path().join("comm"))
-                            .is_ok_and(|c| c.trim() == name)
-                    });
-                    if let Some(t) = found {
-                        break t.path();
-                    }
-                    assert!(t0.elapsed() < Duration::from_secs(5), "tokenizer thread not found");
-                    std::thread::yield_now();
-                };
+                let task = own_thread_task(&name);
                 RawWorker { requests, done, task }
             })
             .collect();
@@ -179,6 +168,22 @@ impl RawTokenizer {
 impl RawWorker {
     fn cpu_when_idle(&self) -> f64 {
         thread_cpu_when_idle(&self.task)
+    }
+}
+
+/// The /proc task directory of this process's thread named `name` (just
+/// spawned: waits up to 5 s for it to appear).
+fn own_thread_task(name: &str) -> std::path::PathBuf {
+    let t0 = Instant::now();
+    loop {
+        let found = std::fs::read_dir("/proc/self/task").unwrap().flatten().find(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
+        });
+        if let Some(t) = found {
+            return t.path();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "thread {name} not found");
+        std::thread::yield_now();
     }
 }
 
@@ -224,15 +229,7 @@ fn pause_penalty(gap: Duration) -> (f64, f64) {
             }
         })
         .unwrap();
-    let task = loop {
-        let found = std::fs::read_dir("/proc/self/task").unwrap().flatten().find(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
-        });
-        if let Some(t) = found {
-            break t.path();
-        }
-        std::thread::yield_now();
-    };
+    let task = own_thread_task(name);
     let run = |pause: Duration, n: f64| {
         let c0 = thread_cpu_when_idle(&task);
         go.send(Some(pause)).unwrap();
