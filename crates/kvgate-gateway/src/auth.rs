@@ -36,6 +36,11 @@ pub(crate) fn admin_allowed(key: Option<&String>, headers: &HeaderMap) -> bool {
     header.or_else(|| bearer(headers)).is_some_and(|t| key_matches(keys, t))
 }
 
+/// Whether the request carries an admin key at all (either header form).
+pub(crate) fn admin_key_presented(headers: &HeaderMap) -> bool {
+    headers.contains_key("x-kvgate-admin-key") || bearer(headers).is_some()
+}
+
 /// The value of cookie `name` in the request's `Cookie` headers (the first
 /// one, if a client sent it twice).
 pub(crate) fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {

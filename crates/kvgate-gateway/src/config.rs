@@ -213,6 +213,11 @@ pub struct LimitsConfig {
     pub stream_idle_timeout_ms: u64,
     /// Further replicas tried when one fails before any byte was sent.
     pub max_retries: u32,
+    /// Wrong keys (client, admin, dashboard login, peer; each kind on its
+    /// own) one client address may present per minute; past it, that kind
+    /// of request gets 429 from that address until its minute ends. 0
+    /// disables the limit.
+    pub key_failures_per_minute: u32,
     /// Requests served at once; more get 429 with `Retry-After` at once.
     pub max_concurrent_requests: usize,
     /// Client connections open at once, over all listeners; a connection
@@ -240,6 +245,7 @@ impl Default for LimitsConfig {
             first_byte_timeout_ms: 600_000,
             stream_idle_timeout_ms: 120_000,
             max_retries: 2,
+            key_failures_per_minute: 20,
             max_concurrent_requests: 4_096,
             max_connections: 16_384,
             index_blocks_per_tier: 1 << 20,

@@ -39,6 +39,7 @@ use kvgate_openai::ErrorResponse;
 use crate::auth;
 use crate::forward::error_response;
 use crate::state::Shared;
+use crate::throttle::{verdict, KeyKind, KeyVerdict};
 use hub::{FrameText, Hub};
 use session::{Sessions, COOKIE};
 pub(crate) use ttft_ring::RecentTtft;
@@ -123,8 +124,12 @@ fn html(status: StatusCode, body: &'static str) -> Response {
 }
 
 async fn require_login(State(d): D, req: Request, next: Next) -> Response {
-    if d.allowed(req.headers()) {
-        return harden(next.run(req).await);
+    let ok = d.allowed(req.headers());
+    let presented = auth::admin_key_presented(req.headers());
+    match verdict(&d.shared, req.extensions().get(), KeyKind::Admin, presented, ok) {
+        KeyVerdict::Allowed => return harden(next.run(req).await),
+        KeyVerdict::Throttled(r) => return harden(r),
+        KeyVerdict::Denied => {}
     }
     d.shared.metrics.rejected("unauthorized");
     if req.uri().path() == "/dashboard" {
@@ -149,14 +154,21 @@ fn set_cookie(value: &str, max_age_s: u64) -> Option<HeaderValue> {
     HeaderValue::from_str(&c).ok()
 }
 
-async fn login(State(d): D, headers: HeaderMap) -> Response {
+async fn login(State(d): D, req: Request) -> Response {
     if d.shared.config.auth.admin_key.is_none() {
         // Nothing to log in to: the admin API is open (on loopback).
         return StatusCode::NO_CONTENT.into_response();
     }
-    if !auth::admin_allowed(d.shared.config.auth.admin_key.as_ref(), &headers) {
-        d.shared.metrics.rejected("unauthorized");
-        return harden(error_response(&ErrorResponse::authentication("wrong admin key")));
+    let headers = req.headers();
+    let ok = auth::admin_allowed(d.shared.config.auth.admin_key.as_ref(), headers);
+    let presented = auth::admin_key_presented(headers);
+    match verdict(&d.shared, req.extensions().get(), KeyKind::Admin, presented, ok) {
+        KeyVerdict::Allowed => {}
+        KeyVerdict::Throttled(r) => return harden(r),
+        KeyVerdict::Denied => {
+            d.shared.metrics.rejected("unauthorized");
+            return harden(error_response(&ErrorResponse::authentication("wrong admin key")));
+        }
     }
     let lifetime = d.sessions.lifetime().as_secs();
     match d.sessions.mint(SystemTime::now()).and_then(|t| set_cookie(&t, lifetime)) {

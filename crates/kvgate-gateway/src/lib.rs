@@ -40,6 +40,7 @@ mod scrape;
 mod server;
 mod snapshot;
 mod state;
+mod throttle;
 
 pub use config::{GatewayConfig, Passthrough, ReplicaConfig};
 pub use error::{ConfigError, StartError};

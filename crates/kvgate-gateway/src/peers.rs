@@ -39,6 +39,7 @@ use tokio::sync::{mpsc, watch};
 use crate::auth::{bearer, key_matches};
 use crate::snapshot::{PeerSnapshot, PeerTargetSnapshot};
 use crate::state::{lock, Shared};
+use crate::throttle::{verdict, ClientAddr, KeyKind, KeyVerdict};
 
 /// The path peers post to.
 pub(crate) const CHANGES_PATH: &str = "/peer/v1/changes";
@@ -175,13 +176,20 @@ fn unix_ms() -> u64 {
 /// `POST /peer/v1/changes`: a peer's batch, applied in order.
 pub(crate) async fn receive(
     State(s): State<Arc<Shared>>,
+    client: Option<axum::Extension<ClientAddr>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let key = s.config.peers.key.as_slice();
-    if !bearer(&headers).is_some_and(|t| key_matches(key, t)) {
-        s.metrics.rejected("peer_unauthorized");
-        return (StatusCode::UNAUTHORIZED, "peer key required").into_response();
+    let ok = bearer(&headers).is_some_and(|t| key_matches(key, t));
+    let addr = client.as_ref().map(|c| &c.0);
+    match verdict(&s, addr, KeyKind::Peer, bearer(&headers).is_some(), ok) {
+        KeyVerdict::Allowed => {}
+        KeyVerdict::Throttled(r) => return r,
+        KeyVerdict::Denied => {
+            s.metrics.rejected("peer_unauthorized");
+            return (StatusCode::UNAUTHORIZED, "peer key required").into_response();
+        }
     }
     let batch: WireBatch = match serde_json::from_slice(&body) {
         Ok(b) => b,

@@ -24,12 +24,14 @@ use kvgate_tokenize::ChatTokenizer;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
+use tower::ServiceExt;
 
 use crate::config::GatewayConfig;
 use crate::error::StartError;
 use crate::forward::error_response;
 use crate::metrics::Metrics;
 use crate::state::{read, Shared};
+use crate::throttle::{verdict, ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 use crate::{admin, api, registry};
 
 /// A running gateway.
@@ -45,22 +47,32 @@ pub struct Gateway {
 }
 
 async fn client_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    if crate::auth::client_allowed(&s.config.auth.api_keys, req.headers()) {
-        next.run(req).await
-    } else {
-        s.metrics.rejected("unauthorized");
-        let mut r = error_response(&ErrorResponse::authentication("invalid or missing API key"));
-        r.headers_mut().insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
-        r
+    let ok = crate::auth::client_allowed(&s.config.auth.api_keys, req.headers());
+    let presented = crate::auth::bearer(req.headers()).is_some();
+    match verdict(&s, req.extensions().get(), KeyKind::Client, presented, ok) {
+        KeyVerdict::Allowed => next.run(req).await,
+        KeyVerdict::Throttled(r) => r,
+        KeyVerdict::Denied => {
+            s.metrics.rejected("unauthorized");
+            let mut r =
+                error_response(&ErrorResponse::authentication("invalid or missing API key"));
+            r.headers_mut()
+                .insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
+            r
+        }
     }
 }
 
 async fn admin_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
-    if crate::auth::admin_allowed(s.config.auth.admin_key.as_ref(), req.headers()) {
-        next.run(req).await
-    } else {
-        s.metrics.rejected("unauthorized");
-        error_response(&ErrorResponse::authentication("invalid or missing admin key"))
+    let ok = crate::auth::admin_allowed(s.config.auth.admin_key.as_ref(), req.headers());
+    let presented = crate::auth::admin_key_presented(req.headers());
+    match verdict(&s, req.extensions().get(), KeyKind::Admin, presented, ok) {
+        KeyVerdict::Allowed => next.run(req).await,
+        KeyVerdict::Throttled(r) => r,
+        KeyVerdict::Denied => {
+            s.metrics.rejected("unauthorized");
+            error_response(&ErrorResponse::authentication("invalid or missing admin key"))
+        }
     }
 }
 
@@ -143,7 +155,7 @@ fn serve(
     tokio::spawn(async move {
         let mut stop_accept = stop.clone();
         loop {
-            let (stream, _) = tokio::select! {
+            let (stream, client) = tokio::select! {
                 r = listener.accept() => match r {
                     Ok(x) => x,
                     Err(e) => {
@@ -163,7 +175,13 @@ fn serve(
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            let svc = TowerToHyperService::new(app.clone());
+            let ip = ClientAddr(client.ip());
+            let svc = TowerToHyperService::new(app.clone().map_request(
+                move |mut r: hyper::Request<hyper::body::Incoming>| {
+                    r.extensions_mut().insert(ip);
+                    r
+                },
+            ));
             let mut stop_conn = stop.clone();
             let open = open.clone();
             open.inc();
@@ -243,6 +261,7 @@ impl Gateway {
             client,
             metrics: Metrics::new(),
             started: Instant::now(),
+            key_throttle: KeyThrottle::new(config.limits.key_failures_per_minute),
             block_size,
             closing,
             peers: crate::peers::Peers::new(),

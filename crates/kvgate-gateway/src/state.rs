@@ -139,6 +139,8 @@ pub(crate) struct Shared {
     /// Client connections open, bounded by `limits.max_connections`.
     pub(crate) connections: Arc<Semaphore>,
     pub(crate) started: Instant,
+    /// Wrong keys per client address (`limits.key_failures_per_minute`).
+    pub(crate) key_throttle: crate::throttle::KeyThrottle,
     /// The fleet's one block size (validated at startup).
     pub(crate) block_size: u32,
     /// Set on shutdown: new requests get 503.

@@ -196,3 +196,77 @@ async fn past_the_concurrency_limit_requests_get_429_with_retry_after() {
     assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
     drop(held);
 }
+
+/// Key guessing is bounded per client address: past
+/// `limits.key_failures_per_minute` wrong keys of one kind, that kind gets
+/// 429 with `Retry-After` whatever the key (the right one included, so a
+/// guess learns nothing); requests without a key do not count, and each
+/// kind (client, admin with the dashboard login) has its own budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_keys_are_throttled_per_address_and_kind() {
+    const CLIENT_KEY: &str = "client-key-123456";
+    const ADMIN_KEY: &str = "admin-key-123456";
+    let serve = spawn_serve(
+        &[],
+        &[
+            "--api-key",
+            CLIENT_KEY,
+            "--admin-key",
+            ADMIN_KEY,
+            "--sim-replicas",
+            "1",
+            "--set",
+            "limits.key_failures_per_minute=3",
+        ],
+    );
+    wait_ready(&serve.base).await;
+    let http = client();
+    let admin = |key: Option<&str>| {
+        let mut rb = http.get(format!("{}/admin/replicas", serve.admin));
+        if let Some(k) = key {
+            rb = rb.header("x-kvgate-admin-key", k);
+        }
+        async move {
+            let r = rb.send().await.unwrap();
+            let retry = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+            (r.status().as_u16(), retry)
+        }
+    };
+    let models = |key: &str| {
+        let rb = http.get(format!("{}/v1/models", serve.base)).bearer_auth(key);
+        async move { rb.send().await.unwrap().status().as_u16() }
+    };
+
+    // No key is no guess: ten of them change nothing.
+    for _ in 0..10 {
+        assert_eq!(admin(None).await.0, 401);
+    }
+    assert_eq!(admin(Some(ADMIN_KEY)).await.0, 200);
+    // Three wrong admin keys: 401 each; then 429, the right key included.
+    for i in 0..3 {
+        assert_eq!(admin(Some("admin-guess-000000")).await.0, 401, "guess {i}");
+    }
+    let (status, retry) = admin(Some("admin-guess-000000")).await;
+    assert_eq!(status, 429);
+    let retry: u64 = retry.expect("Retry-After").parse().unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    assert_eq!(admin(Some(ADMIN_KEY)).await.0, 429, "the right key learns nothing while throttled");
+    let login = http
+        .post(format!("{}/dashboard/login", serve.admin))
+        .header("x-kvgate-admin-key", ADMIN_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 429, "the dashboard login shares the admin budget");
+
+    // Client keys have their own budget from the same address.
+    assert_eq!(models(CLIENT_KEY).await, 200);
+    for _ in 0..3 {
+        assert_eq!(models("client-guess-0000").await, 401);
+    }
+    assert_eq!(models(CLIENT_KEY).await, 429);
+
+    let metrics =
+        http.get(format!("{}/metrics", serve.base)).bearer_auth(CLIENT_KEY).send().await.unwrap();
+    assert_eq!(metrics.status(), 429, "/metrics is behind the client keys, throttled too");
+}
