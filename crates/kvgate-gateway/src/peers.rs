@@ -181,9 +181,10 @@ pub(crate) async fn receive(
     body: Bytes,
 ) -> Response {
     let key = s.config.peers.key.as_slice();
-    let ok = bearer(&headers).is_some_and(|t| key_matches(key, t));
+    let presented = bearer(&headers);
+    let ok = presented.is_some_and(|t| key_matches(key, t));
     let addr = client.as_ref().map(|c| &c.0);
-    match verdict(&s, addr, KeyKind::Peer, bearer(&headers).is_some(), ok) {
+    match verdict(&s, addr, KeyKind::Peer, presented.is_some(), ok) {
         KeyVerdict::Allowed => {}
         KeyVerdict::Throttled(r) => return r,
         KeyVerdict::Denied => {

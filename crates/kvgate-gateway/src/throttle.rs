@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -41,9 +41,11 @@ pub(crate) struct KeyThrottle {
     window: Duration,
     max_entries: usize,
     slots: Mutex<HashMap<(IpAddr, KeyKind), Slot>>,
-    /// `slots.len()`, readable without the lock: the request path only
-    /// takes the lock when some address has failed recently.
-    tracked: AtomicUsize,
+    /// When the last throttled window ends, in nanoseconds since `epoch`:
+    /// the request path reads this and takes the lock only while some
+    /// address is throttled, not merely because one once failed.
+    throttled_until: AtomicU64,
+    epoch: Instant,
 }
 
 impl KeyThrottle {
@@ -58,8 +60,13 @@ impl KeyThrottle {
             window,
             max_entries,
             slots: Mutex::new(HashMap::new()),
-            tracked: AtomicUsize::new(0),
+            throttled_until: AtomicU64::new(0),
+            epoch: Instant::now(),
         }
+    }
+
+    fn nanos(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(IpAddr, KeyKind), Slot>> {
@@ -69,7 +76,7 @@ impl KeyThrottle {
 
     /// `Some(retry after)` when `addr` has used up its wrong keys of `kind`.
     pub(crate) fn blocked(&self, addr: IpAddr, kind: KeyKind, now: Instant) -> Option<Duration> {
-        if self.limit == 0 || self.tracked.load(Ordering::Relaxed) == 0 {
+        if self.limit == 0 || self.nanos(now) >= self.throttled_until.load(Ordering::Relaxed) {
             return None;
         }
         let slots = self.lock();
@@ -87,7 +94,6 @@ impl KeyThrottle {
         if slots.len() >= self.max_entries && !slots.contains_key(&(addr, kind)) {
             let window = self.window;
             slots.retain(|_, s| now < s.since + window);
-            self.tracked.store(slots.len(), Ordering::Relaxed);
             if slots.len() >= self.max_entries {
                 return;
             }
@@ -97,7 +103,10 @@ impl KeyThrottle {
             *slot = Slot { since: now, failures: 0 };
         }
         slot.failures = slot.failures.saturating_add(1);
-        self.tracked.store(slots.len(), Ordering::Relaxed);
+        if slot.failures >= self.limit {
+            let end = self.nanos(slot.since + self.window);
+            self.throttled_until.fetch_max(end, Ordering::Relaxed);
+        }
     }
 }
 

@@ -79,16 +79,16 @@ fn print_thread_split(
     println!("({what}, gateway CPU per request by thread: {})", parts.join(", "));
 }
 
-/// CPU seconds of `pid`'s tokenizer threads (`kvgate-tokenize*`).
-fn tokenizer_thread_seconds(pid: &str) -> f64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
-    tasks
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm"))
-                .is_ok_and(|c| c.starts_with("kvgate-tokenize"))
-        })
-        .map(|t| schedstat_seconds(&t.path().join("schedstat")))
+/// CPU seconds spent between two `cpu_by_thread` snapshots by the
+/// gateway's tokenizer threads (`kvgate-tokenize*`).
+fn tokenizer_thread_seconds(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: &std::collections::BTreeMap<String, f64>,
+) -> f64 {
+    after
+        .iter()
+        .filter(|(name, _)| name.starts_with("kvgate-tokenize"))
+        .map(|(name, v)| v - before.get(name).copied().unwrap_or(0.0))
         .sum()
 }
 
@@ -416,7 +416,6 @@ async fn main() {
         let tok_before = gateway_tokenize_seconds(&client, &base).await;
         let threads0 = cpu_by_thread(&gw_pid);
         let c0 = cpu_seconds(&gw_pid);
-        let tt0 = tokenizer_thread_seconds(&gw_pid);
         let t = Instant::now();
         for (chunk_no, chunk) in group.chunks(conc).enumerate() {
             // As many at a time as the gateway gets, over as many threads
@@ -457,17 +456,13 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let wall = t.elapsed().as_secs_f64();
         let k = group.len() as f64;
-        print_thread_split(
-            &format!("long, {conc} at a time"),
-            &threads0,
-            &cpu_by_thread(&gw_pid),
-            group.len(),
-        );
+        let threads1 = cpu_by_thread(&gw_pid);
+        print_thread_split(&format!("long, {conc} at a time"), &threads0, &threads1, group.len());
         long_rows.push(LongRow {
             conc,
             tokens: tokens / lib_n.max(1),
             gateway_cpu: (cpu_seconds(&gw_pid) - c0 - idle_rate * wall) / k,
-            tokenizer_threads: (tokenizer_thread_seconds(&gw_pid) - tt0) / k,
+            tokenizer_threads: tokenizer_thread_seconds(&threads0, &threads1) / k,
             tokenize_wall: (gateway_tokenize_seconds(&client, &base).await - tok_before) / k,
             raw_cpu: raw_cpu / lib_n.max(1) as f64,
             kvgate_tokenizer_cpu: kvgate_cpu / kvgate_n.max(1) as f64,
