@@ -627,6 +627,13 @@ impl SnapshotCollector {
             Some(&Unit::Seconds),
             |r| Some(r.overhead_s),
         )?;
+        self.replica_gauge(
+            enc,
+            "calibrated_decode_step",
+            "The engine's measured decode step (mean inter-token latency), once measured",
+            Some(&Unit::Seconds),
+            |r| r.decode_step_s,
+        )?;
 
         self.replica_gauge(enc, "engine_running", "Engine-reported running requests", None, |r| {
             r.engine_running

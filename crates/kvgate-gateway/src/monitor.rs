@@ -134,6 +134,7 @@ fn on_success(
             kv_usage: e.kv_usage,
             prefix_cache_queries: e.prefix_queries,
             prefix_cache_hits: e.prefix_hits,
+            timing: e.timing,
             at: now,
         };
         let resized = {

@@ -10,6 +10,8 @@
 
 use std::collections::HashMap;
 
+use kvgate_router::EngineTiming;
+
 /// One sample line: `name{k="v",...} value [timestamp]`.
 #[derive(Debug, PartialEq)]
 struct Sample<'a> {
@@ -95,6 +97,64 @@ pub(crate) struct EngineScrape {
     pub(crate) num_gpu_blocks: Option<u64>,
     /// `vllm:cache_config_info` label `num_cpu_blocks`, when set.
     pub(crate) num_cpu_blocks: Option<u64>,
+    /// vLLM's request-level timing totals, when the engine exports them.
+    pub(crate) timing: Option<EngineTiming>,
+}
+
+/// The request-level series calibration reads, summed over engines.
+#[derive(Clone, Copy, Debug, Default)]
+struct TimingSeries {
+    prefill_count: Option<f64>,
+    prefill_sum: Option<f64>,
+    queue_sum: Option<f64>,
+    kv_computed_sum: Option<f64>,
+    prompt_sum: Option<f64>,
+    itl_count: Option<f64>,
+    itl_sum: Option<f64>,
+}
+
+fn add(slot: &mut Option<f64>, v: f64) {
+    *slot = Some(slot.unwrap_or(0.0) + v);
+}
+
+impl TimingSeries {
+    /// Records `s` if it is one of the series; returns whether it was.
+    fn take(&mut self, name: &str, v: f64) -> bool {
+        let slot = match name {
+            "vllm:request_prefill_time_seconds_count" => &mut self.prefill_count,
+            "vllm:request_prefill_time_seconds_sum" => &mut self.prefill_sum,
+            "vllm:request_queue_time_seconds_sum" => &mut self.queue_sum,
+            "vllm:request_prefill_kv_computed_tokens_sum" => &mut self.kv_computed_sum,
+            "vllm:request_prompt_tokens_sum" => &mut self.prompt_sum,
+            "vllm:inter_token_latency_seconds_count" => &mut self.itl_count,
+            "vllm:inter_token_latency_seconds_sum" => &mut self.itl_sum,
+            _ => return false,
+        };
+        add(slot, v);
+        true
+    }
+
+    /// The totals, when the engine exports prefill times and some count of
+    /// computed tokens. Without `request_prefill_kv_computed_tokens` (older
+    /// vLLM), computed tokens are the finished requests' prompt tokens minus
+    /// the prefix-cache hits: both are cumulative, so their differences
+    /// between scrapes still match up to requests in flight.
+    fn totals(&self, prefix_hits: u64) -> Option<EngineTiming> {
+        let requests = self.prefill_count?;
+        let computed = match (self.kv_computed_sum, self.prompt_sum) {
+            (Some(c), _) => c,
+            (None, Some(p)) => (p - prefix_hits as f64).max(0.0),
+            (None, None) => return None,
+        };
+        Some(EngineTiming {
+            requests: requests as u64,
+            prefill_s: self.prefill_sum?,
+            queue_s: self.queue_sum.unwrap_or(0.0),
+            computed_tokens: computed as u64,
+            itl_count: self.itl_count.unwrap_or(0.0) as u64,
+            itl_s: self.itl_sum.unwrap_or(0.0),
+        })
+    }
 }
 
 /// Parses the text exposition. Fails when none of vLLM's load gauges is
@@ -103,9 +163,13 @@ pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineScrape, String> {
     let mut out = EngineScrape::default();
     let mut seen_load = false;
     let (mut usage_sum, mut usage_n) = (0.0, 0u32);
+    let mut timing = TimingSeries::default();
     for s in text.lines().filter_map(parse_sample) {
         let v = s.value;
         if !v.is_finite() || v < 0.0 {
+            continue;
+        }
+        if timing.take(s.name, v.min(1e18)) {
             continue;
         }
         // Saturating casts: a hostile or broken engine cannot overflow us.
@@ -143,6 +207,7 @@ pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineScrape, String> {
     if usage_n > 0 {
         out.kv_usage = usage_sum / f64::from(usage_n);
     }
+    out.timing = timing.totals(out.prefix_hits);
     Ok(out)
 }
 
@@ -182,6 +247,28 @@ vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5
         assert_eq!(s.block_size, Some(16));
         assert_eq!(s.num_gpu_blocks, Some(27_000));
         assert_eq!(s.num_cpu_blocks, None);
+    }
+
+    #[test]
+    fn reads_request_timing_totals() {
+        assert_eq!(parse_engine_metrics(VLLM).unwrap().timing, None);
+        let text = format!(
+            "{VLLM}vllm:request_prefill_time_seconds_count{{engine=\"0\"}} 4.0\n\
+             vllm:request_prefill_time_seconds_count{{engine=\"1\"}} 2.0\n\
+             vllm:request_prefill_time_seconds_sum{{engine=\"0\"}} 0.5\n\
+             vllm:request_prefill_time_seconds_sum{{engine=\"1\"}} 0.25\n\
+             vllm:request_queue_time_seconds_sum{{engine=\"0\"}} 1.5\n\
+             vllm:request_prompt_tokens_sum{{engine=\"0\"}} 1640.0\n\
+             vllm:inter_token_latency_seconds_count{{engine=\"0\"}} 100.0\n\
+             vllm:inter_token_latency_seconds_sum{{engine=\"0\"}} 2.0\n"
+        );
+        let t = parse_engine_metrics(&text).unwrap().timing.unwrap();
+        assert_eq!((t.requests, t.computed_tokens, t.itl_count), (6, 1000, 100));
+        assert!((t.prefill_s - 0.75).abs() < 1e-12 && (t.queue_s - 1.5).abs() < 1e-12);
+        // The engine's own computed-token count wins over prompt − hits.
+        let text =
+            format!("{text}vllm:request_prefill_kv_computed_tokens_sum{{engine=\"0\"}} 900.0\n");
+        assert_eq!(parse_engine_metrics(&text).unwrap().timing.unwrap().computed_tokens, 900);
     }
 
     #[test]

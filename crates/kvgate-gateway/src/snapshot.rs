@@ -67,6 +67,11 @@ pub struct ReplicaSnapshot {
     pub overhead_s: f64,
     /// Calibration samples.
     pub calibration_samples: u64,
+    /// Where the calibration comes from: `prior`, `ttft` or `engine`.
+    pub calibration_source: &'static str,
+    /// The engine's measured decode step, seconds (mean inter-token
+    /// latency), once measured.
+    pub decode_step_s: Option<f64>,
     /// Engine-reported running requests (last scrape).
     pub engine_running: Option<u32>,
     /// Engine-reported waiting requests.

@@ -272,6 +272,8 @@ impl Shared {
                 },
                 overhead_s: view.overhead_s,
                 calibration_samples: view.calibration_samples,
+                calibration_source: view.calibration_source.name(),
+                decode_step_s: view.decode_step_s,
                 engine_running: e.map(|e| e.running),
                 engine_waiting: e.map(|e| e.waiting),
                 engine_kv_usage: e.map(|e| e.kv_usage),

@@ -116,7 +116,8 @@ impl FleetSpec {
                 ..EngineConfig::default()
             },
             event_delay: Duration::from_millis(1),
-            report_every: Duration::from_millis(100),
+            // `kvgate serve` scrapes `/metrics` once a second by default.
+            report_every: Duration::from_millis(1000),
         }
     }
 

@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 use kvgate_events::Event;
 use kvgate_index::{block_keys, Index, PrefixMatch, ReplicaId, ReplicaSpec};
 use kvgate_router::{
-    Booking, Decision, EngineReport, Outcome, ReplicaInfo, RouteRequest, Router, RouterConfig,
-    RouterMetrics,
+    Booking, Decision, EngineReport, EngineTiming, Outcome, ReplicaInfo, RouteRequest, Router,
+    RouterConfig, RouterMetrics,
 };
-use kvgate_sim::{Engine, EngineConfig, EngineStats};
+use kvgate_sim::{Engine, EngineConfig, EngineStats, Tracker};
 use rustc_hash::FxHashMap;
 
 use crate::capacity::FleetSpec;
@@ -88,6 +88,11 @@ pub struct Fleet {
     base: Instant,
     engines: Vec<Engine>,
     clocks: Vec<Duration>,
+    /// Each engine's request timelines, and the totals of vLLM's
+    /// request-level metrics they give: the same numbers `kvgate sim`
+    /// exports, reported to the router as a scrape would.
+    trackers: Vec<Tracker>,
+    timing: Vec<EngineTiming>,
     ids: Vec<ReplicaId>,
     index: Index,
     router: Router,
@@ -149,6 +154,8 @@ impl Fleet {
             base: Instant::now(),
             engines,
             clocks: vec![Duration::ZERO; n],
+            trackers: (0..n).map(|_| Tracker::default()).collect(),
+            timing: vec![EngineTiming::default(); n],
             ids,
             index,
             router,
@@ -285,6 +292,7 @@ impl Fleet {
                 kv_usage: s.kv_usage,
                 prefix_cache_queries: s.prefix_cache_queries,
                 prefix_cache_hits: s.prefix_cache_hits,
+                timing: Some(self.timing[i]),
                 at,
             };
             // The replica exists: it was added in `new`.
@@ -339,6 +347,7 @@ impl Fleet {
         if !self.engines[replica].has_work() {
             self.clocks[replica] = self.clocks[replica].max(at);
         }
+        let prompt_len = tokens.len();
         let added = self.engines[replica].add_request(
             i as u64,
             tokens,
@@ -351,6 +360,7 @@ impl Fleet {
             routed.booking.finish(Outcome::Error);
             self.unserved += 1;
         } else {
+            self.trackers[replica].add(i as u64, prompt_len, at);
             rec.replica = Some(replica);
             self.bookings.insert(i, routed.booking);
         }
@@ -363,6 +373,16 @@ impl Fleet {
         let end = start + out.duration;
         self.clocks[i] = end;
         self.prefill_tokens[i] += out.prefill_tokens;
+        let step = self.trackers[i].step(start, &out);
+        let t = &mut self.timing[i];
+        for f in &step.finished {
+            t.requests += 1;
+            t.prefill_s += f.prefill;
+            t.queue_s += f.queue;
+            t.computed_tokens += u64::from(f.prefill_kv_computed_tokens);
+        }
+        t.itl_count += step.itl.len() as u64;
+        t.itl_s += step.itl.iter().sum::<f64>();
         if !out.events.is_empty() {
             let events = out.events;
             self.schedule(end + self.event_delay, Delivery::Events { replica: i, events });

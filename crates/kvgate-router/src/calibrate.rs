@@ -14,10 +14,21 @@
 //! it. After a real change of speed the medians follow once about half the
 //! window has seen the new regime. Transfer costs per block use the median of
 //! per-block residuals the same way.
+//!
+//! TTFTs seen from outside mix queueing, batching and the network into the
+//! prefill time, so the fit is only as good as the router's guess of the work
+//! ahead. When the engine reports its own measurements (vLLM's request-level
+//! histograms: prefill time, computed tokens, inter-token latency), those
+//! replace the TTFT samples for the prefill line: each report interval gives
+//! one sample, the mean prefill seconds against the mean computed tokens of
+//! the requests that finished in it, and the mean inter-token latency gives
+//! the decode step. Issue 17 measured why: on four identical live replicas
+//! the TTFT fit reported 5.9k–60k tokens/s for a true 63.6k.
 
 use std::collections::VecDeque;
 
 use crate::config::CalibrationConfig;
+use crate::replica::EngineTiming;
 
 /// One robustly estimated positive quantity (seconds per unit).
 #[derive(Clone, Debug)]
@@ -79,6 +90,11 @@ pub(crate) struct RobustLine {
     slope: f64,
     intercept: f64,
     samples: u64,
+    /// When the samples' work sizes are too alike to separate slope and
+    /// intercept: keep the slope and refit the intercept (engine samples: the
+    /// per-token rate is the hardware's, the fixed part moves with load), or
+    /// keep the intercept and refit the slope (TTFT samples).
+    keep_slope_when_alike: bool,
 }
 
 impl RobustLine {
@@ -90,7 +106,13 @@ impl RobustLine {
             slope: prior_slope,
             intercept: prior_intercept,
             samples: 0,
+            keep_slope_when_alike: false,
         }
+    }
+
+    /// A line whose slope stays put when the samples cannot separate it.
+    pub(crate) fn keeping_slope(prior_slope: f64, prior_intercept: f64) -> RobustLine {
+        RobustLine { keep_slope_when_alike: true, ..RobustLine::new(prior_slope, prior_intercept) }
     }
 
     pub(crate) fn slope(&self) -> f64 {
@@ -140,6 +162,11 @@ impl RobustLine {
             let mut res: Vec<f64> = pts.iter().map(|p| p.1 - slope * p.0).collect();
             res.sort_by(f64::total_cmp);
             (slope, median_sorted(&res).clamp(0.0, intercept_hi))
+        } else if self.keep_slope_when_alike {
+            let slope = self.slope;
+            let mut res: Vec<f64> = pts.iter().map(|p| p.1 - slope * p.0).collect();
+            res.sort_by(f64::total_cmp);
+            (slope, median_sorted(&res).clamp(0.0, intercept_hi))
         } else {
             // Work sizes too alike to separate the two: keep the overhead and
             // fit the rate from the samples large enough to be dominated by it.
@@ -185,6 +212,139 @@ pub(crate) struct ReplicaCalibration {
     pub(crate) cpu: RobustRate,
     /// Seconds per block loaded from storage.
     pub(crate) storage: RobustRate,
+    /// Prefill seconds fitted from the engine's own measurements, when it
+    /// reports them; preferred to `prefill` once it has a sample.
+    pub(crate) engine_prefill: RobustLine,
+    /// Seconds of one decode step, from the engine's inter-token latency.
+    pub(crate) decode_step: RobustRate,
+    /// Whether the engine's decode step has been measured.
+    pub(crate) decode_measured: bool,
+    /// The engine's totals at the last report, to take differences.
+    last_timing: Option<EngineTiming>,
+    /// Mean modelled decode interference of recent bookings (EWMA), taken
+    /// out of the engine's prefill times as it is out of TTFT samples.
+    avg_other_s: f64,
+}
+
+/// Which measurements a replica's prefill line comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CalibrationSource {
+    /// The configured priors (no samples yet).
+    #[default]
+    Prior,
+    /// TTFTs measured by this router.
+    Ttft,
+    /// The engine metrics of the whole fleet, until this replica has
+    /// `min_samples` of its own.
+    Fleet,
+    /// The engine's own request-level metrics.
+    Engine,
+}
+
+impl CalibrationSource {
+    /// Lower-case name for metrics and admin.
+    pub fn name(self) -> &'static str {
+        match self {
+            CalibrationSource::Prior => "prior",
+            CalibrationSource::Ttft => "ttft",
+            CalibrationSource::Fleet => "fleet",
+            CalibrationSource::Engine => "engine",
+        }
+    }
+}
+
+/// What one engine report contributed: a prefill sample (mean computed
+/// tokens, mean seconds) and a decode-step sample.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct EngineSample {
+    pub(crate) prefill: Option<(f64, f64)>,
+    pub(crate) decode_step_s: Option<f64>,
+}
+
+/// The engine samples of every replica pooled: what a replica without
+/// enough samples of its own is assumed to do. Replicas of one fleet are
+/// usually the same hardware; a prior from the config can be off by the
+/// whole gap between model and GPU (issue 17: 4× on a sped-up sim), and
+/// replicas calibrated at different speeds route as if they differed.
+#[derive(Clone, Debug)]
+pub(crate) struct FleetCalibration {
+    prefill: RobustLine,
+    decode_step: RobustRate,
+    decode_measured: bool,
+}
+
+impl FleetCalibration {
+    pub(crate) fn new(prefill_s_per_token: f64, overhead_s: f64, decode_step_s: f64) -> Self {
+        FleetCalibration {
+            prefill: RobustLine::keeping_slope(prefill_s_per_token, overhead_s),
+            decode_step: RobustRate::new(decode_step_s.max(1e-6)),
+            decode_measured: false,
+        }
+    }
+
+    pub(crate) fn observe(&mut self, s: &EngineSample, cfg: &CalibrationConfig) {
+        if let Some((x, y)) = s.prefill {
+            self.prefill.observe(x, y, cfg);
+        }
+        if let Some(step) = s.decode_step_s {
+            self.decode_step.observe(step, cfg);
+            self.decode_measured = true;
+        }
+    }
+}
+
+/// The calibration a decision uses for one replica.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Calibrated {
+    pub(crate) prefill_s_per_token: f64,
+    pub(crate) overhead_s: f64,
+    pub(crate) decode_step_s: Option<f64>,
+    pub(crate) source: CalibrationSource,
+}
+
+impl ReplicaCalibration {
+    /// The line and decode step to route on: this replica's own engine
+    /// samples once it has `min_samples`, else the fleet's while the fleet
+    /// has any, else TTFT samples or the priors.
+    pub(crate) fn calibrated(
+        &self,
+        fleet: &FleetCalibration,
+        cfg: &CalibrationConfig,
+    ) -> Calibrated {
+        let own = self.engine_prefill.samples() as usize >= cfg.min_samples.max(1);
+        let (line, source) = if own {
+            (&self.engine_prefill, CalibrationSource::Engine)
+        } else if fleet.prefill.samples() > 0 {
+            (&fleet.prefill, CalibrationSource::Fleet)
+        } else if self.engine_prefill.samples() > 0 {
+            (&self.engine_prefill, CalibrationSource::Engine)
+        } else {
+            let (slope, intercept) = self.prefill_line();
+            return Calibrated {
+                prefill_s_per_token: slope,
+                overhead_s: intercept,
+                decode_step_s: None,
+                source: self.source(),
+            };
+        };
+        let decode_step_s = if self.decode_step_count() >= cfg.min_samples.max(1) {
+            Some(self.decode_step.estimate())
+        } else if fleet.decode_measured {
+            Some(fleet.decode_step.estimate())
+        } else {
+            self.decode_measured.then(|| self.decode_step.estimate())
+        };
+        Calibrated {
+            prefill_s_per_token: line.slope(),
+            overhead_s: line.intercept(),
+            decode_step_s,
+            source,
+        }
+    }
+
+    fn decode_step_count(&self) -> usize {
+        self.decode_step.window.len()
+    }
 }
 
 /// What the model assumed when a request was booked, kept until its first
@@ -206,12 +366,83 @@ impl ReplicaCalibration {
         overhead_s: f64,
         cpu_s: f64,
         storage_s: f64,
+        decode_step_s: f64,
     ) -> Self {
         ReplicaCalibration {
             prefill: RobustLine::new(prefill_s_per_token, overhead_s),
             cpu: RobustRate::new(cpu_s.max(1e-9)),
             storage: RobustRate::new(storage_s.max(1e-9)),
+            engine_prefill: RobustLine::keeping_slope(prefill_s_per_token, overhead_s),
+            decode_step: RobustRate::new(decode_step_s.max(1e-6)),
+            decode_measured: false,
+            last_timing: None,
+            avg_other_s: 0.0,
         }
+    }
+
+    /// Where the prefill line comes from.
+    pub(crate) fn source(&self) -> CalibrationSource {
+        if self.engine_prefill.samples() > 0 {
+            CalibrationSource::Engine
+        } else if self.prefill.samples() > 0 {
+            CalibrationSource::Ttft
+        } else {
+            CalibrationSource::Prior
+        }
+    }
+
+    /// The prefill line in use: (seconds per token, fixed seconds).
+    pub(crate) fn prefill_line(&self) -> (f64, f64) {
+        let line =
+            if self.engine_prefill.samples() > 0 { &self.engine_prefill } else { &self.prefill };
+        (line.slope(), line.intercept())
+    }
+
+    /// The samples behind the line in use.
+    pub(crate) fn samples(&self) -> u64 {
+        self.engine_prefill.samples().max(self.prefill.samples())
+    }
+
+    /// Notes the modelled interference of a request just booked here.
+    pub(crate) fn note_booking(&mut self, other_s: f64) {
+        if other_s.is_finite() {
+            self.avg_other_s = 0.9 * self.avg_other_s + 0.1 * other_s.max(0.0);
+        }
+    }
+
+    /// Takes the engine's cumulative totals; the change since the last
+    /// report becomes one prefill sample and one decode-step sample. A
+    /// total that went down is an engine restart: it only resets the base.
+    pub(crate) fn observe_engine(
+        &mut self,
+        t: &EngineTiming,
+        cfg: &CalibrationConfig,
+    ) -> EngineSample {
+        let mut out = EngineSample::default();
+        let Some(last) = self.last_timing.replace(*t) else { return out };
+        if !cfg.enabled {
+            return out;
+        }
+        if t.requests < last.requests || t.computed_tokens < last.computed_tokens {
+            return out;
+        }
+        let n = (t.requests - last.requests) as f64;
+        let tokens = (t.computed_tokens - last.computed_tokens) as f64;
+        let prefill_s = t.prefill_s - last.prefill_s;
+        if n > 0.0 && tokens > 0.0 && prefill_s.is_finite() && prefill_s >= 0.0 {
+            let (x, y) = (tokens / n, prefill_s / n - self.avg_other_s);
+            self.engine_prefill.observe(x, y, cfg);
+            out.prefill = Some((x, y));
+        }
+        if t.itl_count > last.itl_count {
+            let itl = (t.itl_s - last.itl_s) / (t.itl_count - last.itl_count) as f64;
+            if itl.is_finite() && itl > 0.0 {
+                self.decode_step.observe(itl, cfg);
+                self.decode_measured = true;
+                out.decode_step_s = Some(itl);
+            }
+        }
+        out
     }
 
     /// Turns an observed TTFT into samples.
@@ -222,10 +453,13 @@ impl ReplicaCalibration {
         let [cpu_blocks, storage_blocks] = basis.lower_blocks.map(f64::from);
         let transfer = cpu_blocks * self.cpu.estimate() + storage_blocks * self.storage.estimate();
         let residual = ttft_s - basis.other_s;
-        self.prefill.observe(basis.prefill_tokens as f64, residual - transfer, cfg);
+        // The engine's own measurements, when it gives them, own the line.
+        if self.engine_prefill.samples() == 0 {
+            self.prefill.observe(basis.prefill_tokens as f64, residual - transfer, cfg);
+        }
         // Transfer samples only where transfers are a visible share.
-        let prefill_s =
-            self.prefill.intercept() + basis.prefill_tokens as f64 * self.prefill.slope();
+        let (slope, intercept) = self.prefill_line();
+        let prefill_s = intercept + basis.prefill_tokens as f64 * slope;
         if cpu_blocks > 0.0 && storage_blocks == 0.0 && transfer >= 0.1 * prefill_s {
             self.cpu.observe((residual - prefill_s) / cpu_blocks, cfg);
         } else if storage_blocks > 0.0 && cpu_blocks == 0.0 && transfer >= 0.1 * prefill_s {
@@ -288,7 +522,7 @@ mod tests {
         let c = cfg();
         // Priors: 1e-4 s/token and 20 ms of overhead. Truth: 2e-4 s/token,
         // 3 ms of overhead, and 10 ms of modelled interference.
-        let mut cal = ReplicaCalibration::new(1e-4, 0.02, 1e-4, 1e-3);
+        let mut cal = ReplicaCalibration::new(1e-4, 0.02, 1e-4, 1e-3, 0.01);
         for tokens in [1000u64, 4000, 2500, 8000, 300, 6000, 5000, 512, 700] {
             let basis = SampleBasis { prefill_tokens: tokens, lower_blocks: [0, 0], other_s: 0.01 };
             cal.observe(&basis, 0.01 + 0.003 + 2e-4 * tokens as f64, &c);
@@ -320,5 +554,56 @@ mod tests {
         }
         assert!((line.slope() - 3e-4).abs() < 1e-12);
         assert!((line.intercept() - 0.01).abs() < 1e-12);
+    }
+
+    /// Engine totals after `n` requests of `tokens` computed tokens each,
+    /// prefilled at `sigma` s/token plus `fixed` s.
+    fn grow(t: &mut EngineTiming, n: u64, tokens: u64, sigma: f64, fixed: f64) {
+        t.requests += n;
+        t.computed_tokens += n * tokens;
+        t.prefill_s += n as f64 * (fixed + sigma * tokens as f64);
+        t.itl_count += 50 * n;
+        t.itl_s += 50.0 * n as f64 * 0.005;
+    }
+
+    #[test]
+    fn engine_reports_replace_ttft_samples() {
+        let c = cfg();
+        // Prior 16k tokens/s; the engine is 4x faster (a sped-up sim).
+        let mut cal = ReplicaCalibration::new(1.0 / 16_000.0, 0.02, 1e-4, 1e-3, 0.01);
+        assert_eq!(cal.source(), CalibrationSource::Prior);
+        let sigma = 1.0 / 64_000.0;
+        let mut t = EngineTiming::default();
+        cal.observe_engine(&t, &c); // the base: no sample yet
+        assert_eq!(cal.source(), CalibrationSource::Prior);
+        for i in 0..40u64 {
+            grow(&mut t, 1 + i % 3, 256 + (i * 977) % 4000, sigma, 0.006);
+            cal.observe_engine(&t, &c);
+        }
+        assert_eq!(cal.source(), CalibrationSource::Engine);
+        let (s, o) = cal.prefill_line();
+        assert!((s / sigma - 1.0).abs() < 0.01, "{s}");
+        assert!((o - 0.006).abs() < 1e-4, "{o}");
+        assert!((cal.decode_step.estimate() - 0.005).abs() < 1e-9);
+        // TTFT samples no longer move the line.
+        let basis = SampleBasis { prefill_tokens: 1000, lower_blocks: [0, 0], other_s: 0.0 };
+        for _ in 0..20 {
+            cal.observe(&basis, 5.0, &c);
+        }
+        assert_eq!(cal.prefill_line(), (s, o));
+        // Work sizes all alike (every prompt cached but its suffix) while the
+        // fixed part grows with load: the rate stays within 15 % (pairs that
+        // straddle the change pull it a little on the way), the fixed part
+        // follows.
+        for _ in 0..40 {
+            grow(&mut t, 4, 300, sigma, 0.009);
+            cal.observe_engine(&t, &c);
+        }
+        let (s2, o2) = cal.prefill_line();
+        assert!((s2 / sigma - 1.0).abs() < 0.15, "{s2}");
+        assert!((o2 - 0.009).abs() < 5e-4, "{o2}");
+        // An engine restart (totals fall) only resets the base.
+        cal.observe_engine(&EngineTiming::default(), &c);
+        assert_eq!(cal.prefill_line(), (s2, o2));
     }
 }

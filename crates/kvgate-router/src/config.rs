@@ -126,9 +126,14 @@ pub struct CostModelConfig {
     pub decode_per_seq_ms: f64,
     /// KV occupancy (0–1) above which the decode-pressure term starts.
     pub kv_pressure_start: f64,
-    /// The decode-pressure term at full occupancy, ms; it grows
-    /// quadratically from `kv_pressure_start`.
-    pub kv_pressure_ms: f64,
+    /// The decode-pressure term at full occupancy, as the time the replica
+    /// takes to prefill this many tokens (its calibrated speed); it grows
+    /// quadratically from `kv_pressure_start`. In prefill time rather than
+    /// milliseconds because what it stands for, preempted sequences
+    /// recomputed, takes longer on a slower engine: a fixed time would weigh
+    /// four times as much against every other term on an engine four times
+    /// faster (issue 17). 32,000 is 2 s at the 16k tokens/s prior.
+    pub kv_pressure_tokens: f64,
     /// Weight of the fleet-wide prefill work a choice adds (its uncached
     /// tokens), as a multiple of their prefill time: the delay they cause the
     /// requests queued behind them. Favours cache reuse beyond this request's
@@ -149,7 +154,7 @@ impl Default for CostModelConfig {
             decode_step_ms: 10.0,
             decode_per_seq_ms: 0.05,
             kv_pressure_start: 0.8,
-            kv_pressure_ms: 2_000.0,
+            kv_pressure_tokens: 32_000.0,
             work_weight: 3.0,
             default_output_tokens: 256,
         }
@@ -309,7 +314,7 @@ impl RouterConfig {
             ("cost.step_overhead_ms", c.step_overhead_ms),
             ("cost.decode_step_ms", c.decode_step_ms),
             ("cost.decode_per_seq_ms", c.decode_per_seq_ms),
-            ("cost.kv_pressure_ms", c.kv_pressure_ms),
+            ("cost.kv_pressure_tokens", c.kv_pressure_tokens),
             ("cost.work_weight", c.work_weight),
             ("epsilon", self.epsilon),
             ("linear_overlap_weight", self.linear_overlap_weight),

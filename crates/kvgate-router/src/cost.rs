@@ -9,8 +9,9 @@
 //! transfer = τ_cpu × cpu blocks + τ_storage × storage blocks
 //! steps    = max(1, (P + U) / max_num_batched_tokens)
 //! interf.  = steps × (decode_step + decode_per_seq × D)   if D > 0, else 0
+//!            (steps × the engine's measured step, when it reports one)
 //! ttft     = queue + prefill + transfer + interf. + overhead      (calibrated)
-//! pressure = kv_pressure × ((u - start) / (1 - start))²    u: KV occupancy after booking
+//! pressure = σ × kv_pressure_tokens × ((u - start) / (1 - start))²    u: KV occupancy after booking
 //! cost     = ttft + pressure + work_weight × busy × σ × (U − U_min)
 //! busy     = 1 if anything is queued or decoding there, else 0
 //! U_min    = the fewest uncached tokens of any candidate
@@ -53,6 +54,9 @@ pub struct CostInputs {
     pub overhead_s: f64,
     /// Calibrated seconds per block from CPU and from storage.
     pub transfer_s_per_block: [f64; 2],
+    /// The engine's measured decode step in seconds; `None` uses the
+    /// configured `decode_step_ms`.
+    pub decode_step_s: Option<f64>,
 }
 
 /// The model's breakdown for one candidate.
@@ -90,7 +94,13 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
     let interference_s = if x.decoding > 0 {
         let work = (x.queue_tokens + uncached) as f64;
         let steps = (work / f64::from(x.max_num_batched_tokens.max(1))).max(1.0);
-        steps * (c.decode_step_ms + c.decode_per_seq_ms * f64::from(x.decoding)) / 1000.0
+        // A measured step already includes the batch's per-sequence cost.
+        match x.decode_step_s {
+            Some(step) => steps * step,
+            None => {
+                steps * (c.decode_step_ms + c.decode_per_seq_ms * f64::from(x.decoding)) / 1000.0
+            }
+        }
     } else {
         0.0
     };
@@ -99,7 +109,7 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
     let pressure_s = if x.kv_capacity_blocks > 0 {
         let u = (x.kv_used_blocks + x.kv_new_blocks) as f64 / x.kv_capacity_blocks as f64;
         let over = ((u - c.kv_pressure_start) / (1.0 - c.kv_pressure_start)).max(0.0);
-        c.kv_pressure_ms / 1000.0 * over * over
+        sigma * c.kv_pressure_tokens * over * over
     } else {
         0.0
     };

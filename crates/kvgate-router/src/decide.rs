@@ -263,6 +263,7 @@ impl Router {
                 prefill_s_per_token: view.prefill_s_per_token,
                 overhead_s: view.overhead_s,
                 transfer_s_per_block: view.transfer_s_per_block,
+                decode_step_s: view.decode_step_s,
             };
             let pred = predict(&cfg.cost, &x);
             let busy_tokens = cfg.busy_pending_tokens > 0 && queue_tokens > cfg.busy_pending_tokens;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use kvgate_index::ReplicaId;
 use rustc_hash::FxHashMap;
 
-use crate::calibrate::{ReplicaCalibration, SampleBasis};
+use crate::calibrate::{CalibrationSource, FleetCalibration, ReplicaCalibration, SampleBasis};
 use crate::config::RouterConfig;
 use crate::replica::EngineReport;
 
@@ -213,6 +213,12 @@ pub struct LoadView {
     pub transfer_s_per_block: [f64; 2],
     /// Calibration samples taken.
     pub calibration_samples: u64,
+    /// Where the prefill line comes from.
+    pub calibration_source: CalibrationSource,
+    /// Seconds of one decode step as the engine measured it (its mean
+    /// inter-token latency); `None` until measured, when the configured
+    /// `decode_step_ms` applies.
+    pub decode_step_s: Option<f64>,
 }
 
 /// The ledger proper (inside the mutex).
@@ -221,6 +227,8 @@ pub(crate) struct Books {
     config: RouterConfig,
     entries: FxHashMap<(Origin, u64), Entry>,
     replicas: Vec<Option<ReplicaBooks>>,
+    /// Every replica's engine samples, pooled.
+    fleet_calibration: FleetCalibration,
     next_id: u64,
     totals: LedgerTotals,
     /// Average uncached prefill tokens per booking (EWMA), to size load the
@@ -245,7 +253,14 @@ pub(crate) fn lock(books: &Mutex<Books>) -> MutexGuard<'_, Books> {
 
 impl Books {
     pub(crate) fn new(config: RouterConfig) -> Books {
+        let c = &config.cost;
+        let fleet_calibration = FleetCalibration::new(
+            1.0 / c.prefill_tokens_per_s,
+            c.step_overhead_ms / 1000.0,
+            c.decode_step_ms / 1000.0,
+        );
         Books {
+            fleet_calibration,
             config,
             entries: FxHashMap::default(),
             replicas: Vec::new(),
@@ -273,6 +288,7 @@ impl Books {
             c.step_overhead_ms / 1000.0,
             c.cpu_block_ms / 1000.0,
             c.storage_block_ms / 1000.0,
+            c.decode_step_ms / 1000.0,
         );
         if self.replicas.len() <= id.index() {
             self.replicas.resize(id.index() + 1, None);
@@ -310,15 +326,18 @@ impl Books {
 
     pub(crate) fn view(&self, id: ReplicaId) -> Option<LoadView> {
         let r = self.replicas.get(id.index())?.as_ref()?;
+        let cal = r.calibration.calibrated(&self.fleet_calibration, &self.config.calibration);
         Some(LoadView {
             load: r.load,
             external_requests: r.reconcile.external_requests,
             external_waiting: r.reconcile.external_waiting,
             drift: r.reconcile.drift,
-            prefill_s_per_token: r.calibration.prefill.slope(),
-            overhead_s: r.calibration.prefill.intercept(),
+            prefill_s_per_token: cal.prefill_s_per_token,
+            overhead_s: cal.overhead_s,
             transfer_s_per_block: [r.calibration.cpu.estimate(), r.calibration.storage.estimate()],
-            calibration_samples: r.calibration.prefill.samples(),
+            calibration_samples: r.calibration.samples(),
+            calibration_source: cal.source,
+            decode_step_s: cal.decode_step_s,
         })
     }
 
@@ -380,6 +399,9 @@ impl Books {
         now: Instant,
     ) {
         if let Some(Some(r)) = self.replicas.get_mut(replica.index()) {
+            if let Some(b) = &basis {
+                r.calibration.note_booking(b.other_s);
+            }
             r.load.pending_prefill_tokens += prefill_tokens;
             r.load.prefill_requests += 1;
             r.load.booked_blocks += blocks;
@@ -529,6 +551,10 @@ impl Books {
     pub(crate) fn reconcile(&mut self, id: ReplicaId, report: &EngineReport) {
         let need = self.config.reconcile_reports.max(1);
         let Some(Some(r)) = self.replicas.get_mut(id.index()) else { return };
+        if let Some(t) = &report.timing {
+            let sample = r.calibration.observe_engine(t, &self.config.calibration);
+            self.fleet_calibration.observe(&sample, &self.config.calibration);
+        }
         let ledger = i64::from(r.load.requests());
         let engine = i64::from(report.running) + i64::from(report.waiting);
         let drift = ledger - engine;

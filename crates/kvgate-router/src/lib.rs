@@ -5,7 +5,7 @@
 //! Code map:
 //! - `config.rs`: [`RouterConfig`], the single source of the router's
 //!   settings and defaults.
-//! - `replica.rs`: [`ReplicaInfo`], [`Health`], [`EngineReport`].
+//! - `replica.rs`: [`ReplicaInfo`], [`Health`], [`EngineReport`], [`EngineTiming`].
 //! - `ledger.rs`: the in-flight ledger and its RAII [`Booking`] guard,
 //!   reconciliation with engine reports, peer bookings.
 //! - `calibrate.rs`: robust online calibration of prefill and transfer speed.
@@ -38,6 +38,7 @@ mod router;
 mod select;
 mod tentative;
 
+pub use calibrate::CalibrationSource;
 pub use config::{
     AdmissionMode, ApproxPrefixConfig, CalibrationConfig, CostModelConfig, PolicyKind,
     RouterConfig, Selection,
@@ -49,6 +50,6 @@ pub use explain::{Candidate, Explanation, Reason};
 pub use ledger::{
     Booking, LedgerChange, LedgerTotals, LoadView, Origin, Outcome, PeerId, ReplicaLoad,
 };
-pub use replica::{EngineReport, Health, ReplicaInfo};
+pub use replica::{EngineReport, EngineTiming, Health, ReplicaInfo};
 pub use router::{Router, RouterMetrics};
 pub use tentative::TentativeStats;

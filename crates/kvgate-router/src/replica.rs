@@ -82,6 +82,33 @@ pub struct EngineReport {
     pub prefix_cache_queries: u64,
     /// `vllm:prefix_cache_hits_total` (tokens).
     pub prefix_cache_hits: u64,
+    /// What the engine measured of its requests' phases, when it exports it
+    /// (vLLM's request-level histograms); calibration prefers it to TTFTs
+    /// seen from outside (docs/routing.md, "Calibration").
+    pub timing: Option<EngineTiming>,
     /// When it was scraped.
     pub at: Instant,
+}
+
+/// Cumulative totals of vLLM's request-level metrics. vLLM observes them when
+/// a request finishes, so one request's phases and computed tokens land in
+/// the same scrape; the router works on the differences between reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineTiming {
+    /// Requests counted (`vllm:request_prefill_time_seconds_count`).
+    pub requests: u64,
+    /// Seconds from first scheduled to first token, summed
+    /// (`vllm:request_prefill_time_seconds_sum`).
+    pub prefill_s: f64,
+    /// Seconds waiting before first scheduled, summed
+    /// (`vllm:request_queue_time_seconds_sum`).
+    pub queue_s: f64,
+    /// Prompt tokens the engine computed in those prefills, cached tokens
+    /// excluded (`vllm:request_prefill_kv_computed_tokens_sum`, or prompt
+    /// tokens minus prefix-cache hits where that is missing).
+    pub computed_tokens: u64,
+    /// Inter-token latencies observed (`vllm:inter_token_latency_seconds_count`).
+    pub itl_count: u64,
+    /// Their sum in seconds: mean = one decode step's duration.
+    pub itl_s: f64,
 }

@@ -45,6 +45,8 @@ fn inputs() -> impl Strategy<Value = CostInputs> {
                 prefill_s_per_token: s,
                 overhead_s: o,
                 transfer_s_per_block: [tc, ts],
+                // Half the cases with a measured decode step.
+                decode_step_s: (q % 2 == 0).then_some(o + 1e-3),
             }
         })
 }
@@ -189,7 +191,7 @@ proptest! {
                 Op::Report { replica, running, waiting } => {
                     let rep = EngineReport {
                         running, waiting, kv_usage: 0.1,
-                        prefix_cache_queries: 0, prefix_cache_hits: 0, at: now,
+                        prefix_cache_queries: 0, prefix_cache_hits: 0, timing: None, at: now,
                     };
                     r.report(ReplicaId(replica), rep).unwrap();
                 }

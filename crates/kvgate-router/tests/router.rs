@@ -46,6 +46,7 @@ fn report(running: u32, waiting: u32, kv: f64, at: Instant) -> EngineReport {
         kv_usage: kv,
         prefix_cache_queries: 0,
         prefix_cache_hits: 0,
+        timing: None,
         at,
     }
 }

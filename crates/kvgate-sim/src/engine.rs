@@ -70,6 +70,9 @@ pub struct TokenOutput {
     /// Prompt tokens served from cache at first admission (GPU + CPU), as
     /// vLLM reports in `usage.prompt_tokens_details.cached_tokens`.
     pub cached_tokens: u32,
+    /// The CPU-tier part of `cached_tokens` (vLLM counts it as an external
+    /// KV transfer, the rest as local cache hits).
+    pub external_cached_tokens: u32,
 }
 
 /// What one step did.
@@ -90,6 +93,10 @@ pub struct StepOutput {
     pub decode_seqs: usize,
     /// Requests preempted in this step.
     pub preempted: Vec<RequestId>,
+    /// Requests moved from waiting to running in this step (first
+    /// admissions and re-admissions after preemption), in order: vLLM's
+    /// `SCHEDULED` events, timestamped at the step's start.
+    pub admitted: Vec<RequestId>,
 }
 
 /// Counters and gauges, named after vLLM's metrics where one exists.
@@ -145,6 +152,8 @@ struct Request {
     ignore_eos: bool,
     arrival: Duration,
     cached_tokens: Option<u32>,
+    /// The CPU-tier part of `cached_tokens`.
+    external_cached_tokens: u32,
 }
 
 /// A simulated vLLM engine. Sans-IO: no clocks, no sockets, no threads.
@@ -241,6 +250,7 @@ impl Engine {
                 ignore_eos,
                 arrival: now,
                 cached_tokens: None,
+                external_cached_tokens: 0,
             },
         );
         self.waiting.push_back(id);
@@ -417,11 +427,17 @@ impl Engine {
                     self.stats.external_queries += num_tokens;
                 }
                 if let Some(r) = self.requests.get_mut(&id) {
-                    r.cached_tokens.get_or_insert(hit_tokens as u32);
+                    // First admission only: vLLM keeps the first scheduling's
+                    // hit (`num_cached_tokens`, `prefill_stats`).
+                    if r.cached_tokens.is_none() {
+                        r.cached_tokens = Some(hit_tokens as u32);
+                        r.external_cached_tokens = (n_cpu * self.block_size) as u32;
+                    }
                 }
                 load_blocks += n_cpu;
                 self.waiting.pop_front();
                 self.running.push(id);
+                out.admitted.push(id);
                 scheduled.push(Scheduled { id, num_new });
                 budget -= num_new;
             }
@@ -483,6 +499,7 @@ impl Engine {
                 is_first,
                 finished,
                 cached_tokens: r.cached_tokens.unwrap_or(0),
+                external_cached_tokens: r.external_cached_tokens,
             });
             if finished.is_some() {
                 if let Some(r) = self.requests.remove(&s.id) {

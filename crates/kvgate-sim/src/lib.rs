@@ -29,6 +29,7 @@ pub mod error;
 pub mod hash;
 mod lru;
 mod pool;
+pub mod request_stats;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod timing;
@@ -37,4 +38,5 @@ pub use config::EngineConfig;
 pub use engine::{Engine, EngineStats, FinishReason, RequestId, StepOutput, TokenOutput};
 pub use error::SimError;
 pub use hash::BlockHasher;
+pub use request_stats::{FinishedRequest, StepRecord, Tracker};
 pub use timing::TimingModel;

@@ -146,6 +146,7 @@ pub(crate) fn load(router: &mut Router, w: &Workload, now: Instant) {
             kv_usage: 0.2 + 0.1 * (r % 8) as f64,
             prefix_cache_queries: 0,
             prefix_cache_hits: 0,
+            timing: None,
             at: now,
         };
         router.report(id, report).unwrap();

@@ -317,6 +317,7 @@ impl Fleet {
                 kv_usage: s.kv_usage,
                 prefix_cache_queries: s.prefix_cache_queries,
                 prefix_cache_hits: s.prefix_cache_hits,
+                timing: None,
                 at,
             };
             self.router.report(self.ids[i], report).unwrap();

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{Engine, RequestId, TokenOutput};
 use crate::error::SimError;
+use crate::request_stats::Tracker;
 use crate::server::metrics::Metrics;
 
 /// One request as the HTTP layer hands it to the driver.
@@ -39,12 +40,21 @@ pub(crate) enum Command {
     CachedBlocks(oneshot::Sender<(Vec<BlockHash>, Vec<BlockHash>)>),
 }
 
+/// Where a live request's tokens go.
 struct Live {
     tokens: mpsc::UnboundedSender<TokenOutput>,
-    arrival: Duration,
-    /// When the previous token came out (virtual time), for inter-token latency.
-    last_token: Option<Duration>,
 }
+
+/// The driver's request tables: token routes and metric timelines.
+#[derive(Default)]
+struct Requests {
+    live: FxHashMap<RequestId, Live>,
+    stats: Tracker,
+}
+
+/// The most a step may start late, in real time, and still follow the last
+/// one without a gap: a few of the timer's millisecond ticks.
+const MAX_TIMER_LAG: Duration = Duration::from_millis(5);
 
 /// Runs until every command sender is dropped.
 pub(crate) async fn run(
@@ -56,56 +66,66 @@ pub(crate) async fn run(
 ) {
     let start = Instant::now();
     let virtual_now = |start: Instant| start.elapsed().mul_f64(speedup);
-    let mut live: FxHashMap<RequestId, Live> = FxHashMap::default();
+    let mut reqs = Requests { live: FxHashMap::default(), stats: Tracker::with_speedup(speedup) };
     metrics.set_stats(engine.stats());
+    let mut last_end: Option<Duration> = None;
+    let max_lag = MAX_TIMER_LAG.mul_f64(speedup);
     loop {
         if !engine.has_work() {
             let Some(cmd) = rx.recv().await else { return };
-            handle(&mut engine, &mut live, cmd, virtual_now(start), &publisher, &metrics);
+            handle(&mut engine, &mut reqs, cmd, virtual_now(start), &publisher, &metrics);
         }
         while let Ok(cmd) = rx.try_recv() {
-            handle(&mut engine, &mut live, cmd, virtual_now(start), &publisher, &metrics);
+            handle(&mut engine, &mut reqs, cmd, virtual_now(start), &publisher, &metrics);
         }
         if !engine.has_work() {
             metrics.set_stats(engine.stats());
             continue;
         }
-        let now = virtual_now(start);
+        // While busy, steps run back to back on the model's clock: the next
+        // one starts where the last one ended, and each waits for an absolute
+        // deadline. Sleeping for each step's duration instead adds the
+        // timer's lateness (tokio rounds up to a millisecond) to every step:
+        // at --speedup 4 that is up to 4 ms of model time on 5 ms decode
+        // steps, an engine much slower than its timing model. Only a lag
+        // beyond the timer's (the process was not scheduled) is lost as idle
+        // time, as it would be on a real machine.
+        let real_now = virtual_now(start);
+        let now = match last_end {
+            Some(end) if real_now.saturating_sub(end) <= max_lag => end,
+            _ => real_now,
+        };
         let out = engine.step(now);
-        let real = out.duration.div_f64(speedup);
-        if real.is_zero() {
+        let end = now + out.duration;
+        if out.duration.is_zero() {
             tokio::task::yield_now().await;
         } else {
-            tokio::time::sleep(real).await;
+            tokio::time::sleep_until((start + end.div_f64(speedup)).into()).await;
         }
-        let done = now + out.duration;
+        last_end = engine.has_work().then_some(end);
+        let record = reqs.stats.step(now, &out);
         publish(&publisher, out.events);
+        // Metrics before tokens: a client that has its last token can
+        // scrape its request's observations.
+        metrics.record(&record);
+        metrics.set_stats(engine.stats());
         for t in out.tokens {
             let finished = t.finished.is_some();
-            if let Some(l) = live.get_mut(&t.request_id) {
-                match l.last_token {
-                    _ if t.is_first => {
-                        metrics.observe_ttft(done.saturating_sub(l.arrival).as_secs_f64());
-                    }
-                    Some(prev) => metrics.observe_itl(done.saturating_sub(prev).as_secs_f64()),
-                    None => {}
-                }
-                l.last_token = Some(done);
+            if let Some(l) = reqs.live.get(&t.request_id) {
                 // A closed receiver means the client left; the abort command
                 // follows on the channel.
                 let _ = l.tokens.send(t.clone());
             }
             if finished {
-                live.remove(&t.request_id);
+                reqs.live.remove(&t.request_id);
             }
         }
-        metrics.set_stats(engine.stats());
     }
 }
 
 fn handle(
     engine: &mut Engine,
-    live: &mut FxHashMap<RequestId, Live>,
+    reqs: &mut Requests,
     cmd: Command,
     now: Duration,
     publisher: &Option<Arc<Publisher>>,
@@ -113,15 +133,18 @@ fn handle(
 ) {
     match cmd {
         Command::Add(r) => {
+            let prompt_len = r.prompt.len();
             let res =
                 engine.add_request(r.id, r.prompt, r.max_tokens, r.min_tokens, r.ignore_eos, now);
             if res.is_ok() {
-                live.insert(r.id, Live { tokens: r.tokens, arrival: now, last_token: None });
+                reqs.live.insert(r.id, Live { tokens: r.tokens });
+                reqs.stats.add(r.id, prompt_len, now);
             }
             let _ = r.accepted.send(res);
         }
         Command::Abort(id) => {
-            if live.remove(&id).is_some() {
+            if reqs.live.remove(&id).is_some() {
+                reqs.stats.abort(id);
                 engine.abort(id);
             }
         }

@@ -21,9 +21,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{FinishReason, RequestId, TokenOutput};
 use crate::server::driver::{Command, NewRequest};
-use crate::server::AppState;
+use crate::server::{render, AppState};
 
-type Shared = Arc<AppState>;
+pub(super) type Shared = Arc<AppState>;
 
 pub(crate) fn router(state: Shared) -> Router {
     Router::new()
@@ -35,6 +35,9 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/inference/v1/generate", post(generate_tokens))
+        .route("/v1/chat/completions/render", post(render::chat))
+        .route("/v1/completions/render", post(render::completions))
+        .route("/version", get(render::version))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
@@ -59,7 +62,7 @@ async fn auth(State(state): State<Shared>, req: Request, next: Next) -> Response
     next.run(req).await
 }
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     let kind = if status == StatusCode::NOT_FOUND { "NotFoundError" } else { "BadRequestError" };
     (
         status,
@@ -68,13 +71,20 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
-fn bad(message: impl Into<String>) -> Response {
+pub(super) fn bad(message: impl Into<String>) -> Response {
     error(StatusCode::BAD_REQUEST, message)
 }
 
 /// An error response not built yet (a `Response` is too large to return in
 /// a `Result` cheaply).
-struct ApiError(StatusCode, String);
+pub(super) struct ApiError(StatusCode, String);
+
+impl ApiError {
+    /// A 400.
+    pub(super) fn bad(message: impl Into<String>) -> ApiError {
+        ApiError(StatusCode::BAD_REQUEST, message.into())
+    }
+}
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -161,12 +171,12 @@ async fn reset_prefix_cache(State(state): State<Shared>) -> Response {
     }
 }
 
-fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
+pub(super) fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
 }
 
-fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
+pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
         Some(m) if m != state.config.model => {
             Err(ApiError(StatusCode::NOT_FOUND, format!("The model `{m}` does not exist.")))
@@ -177,13 +187,13 @@ fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
 
 /// Sampling knobs the engine model honours.
 #[derive(Clone)]
-struct Sampling {
-    max_tokens: u32,
-    min_tokens: u32,
-    ignore_eos: bool,
+pub(super) struct Sampling {
+    pub(super) max_tokens: u32,
+    pub(super) min_tokens: u32,
+    pub(super) ignore_eos: bool,
 }
 
-fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option<u64>) -> Sampling {
+pub(super) fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option<u64>) -> Sampling {
     let max_tokens =
         max.map_or(state.config.default_max_tokens, |m| m.min(u64::from(u32::MAX)) as u32);
     Sampling {
@@ -193,39 +203,54 @@ fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option<u64>) -> S
     }
 }
 
+/// A `/v1/chat/completions` body, parsed and checked; the raw JSON too.
+pub(super) fn parse_chat(
+    state: &AppState,
+    body: &Bytes,
+) -> Result<(Value, ChatCompletionRequest), ApiError> {
+    let value = parse_json(body)?;
+    let request: ChatCompletionRequest = serde_json::from_value(value.clone())
+        .map_err(|e| ApiError::bad(format!("invalid chat request: {e}")))?;
+    request.validate().map_err(|e| ApiError::bad(e.to_string()))?;
+    check_model(state, request.model())?;
+    Ok((value, request))
+}
+
 async fn chat(State(state): State<Shared>, body: Bytes) -> Response {
-    let value = match parse_json(&body) {
-        Ok(v) => v,
-        Err(r) => return r.into_response(),
-    };
-    let request: ChatCompletionRequest = match serde_json::from_value(value.clone()) {
+    let (value, request) = match parse_chat(&state, &body) {
         Ok(r) => r,
-        Err(e) => return bad(format!("invalid chat request: {e}")),
+        Err(e) => return e.into_response(),
     };
-    if let Err(e) = request.validate() {
-        return bad(e.to_string());
-    }
-    if let Err(r) = check_model(&state, request.model()) {
-        return r.into_response();
-    }
-    let prompt = match request.prompt_token_ids() {
-        Some(ids) => ids,
-        None => {
-            let mut chat: ChatRequest = match serde_json::from_value(value) {
-                Ok(r) => r,
-                Err(e) => return bad(format!("invalid chat request: {e}")),
-            };
-            chat.endpoint = Endpoint::ChatCompletions;
-            state.metrics.count_tokenization();
-            match state.tokenizer.encode_chat(chat).await {
-                Ok(ids) => ids,
-                Err(e) => return bad(e.to_string()),
+    let prompt = match chat_prompt(&state, value, &request).await {
+        Ok((ids, tokenized)) => {
+            if tokenized {
+                state.metrics.count_tokenization();
             }
+            ids
         }
+        Err(e) => return e.into_response(),
     };
     let s = sampling(&state, &request.extra, request.max_output_tokens());
     let kind = Kind::Chat;
     generate(state, kind, prompt, s, request.is_stream(), request.include_usage()).await
+}
+
+/// A chat request's prompt: `kv_transfer_params.prompt_token_ids` as is, or
+/// the messages rendered and tokenized by `/v1/chat/completions`' rules
+/// (then `true`: the engine tokenized it).
+pub(super) async fn chat_prompt(
+    state: &AppState,
+    value: Value,
+    request: &ChatCompletionRequest,
+) -> Result<(Vec<u32>, bool), Response> {
+    if let Some(ids) = request.prompt_token_ids() {
+        return Ok((ids, false));
+    }
+    let mut chat: ChatRequest =
+        serde_json::from_value(value).map_err(|e| bad(format!("invalid chat request: {e}")))?;
+    chat.endpoint = Endpoint::ChatCompletions;
+    let ids = state.tokenizer.encode_chat(chat).await.map_err(|e| bad(e.to_string()))?;
+    Ok((ids, true))
 }
 
 async fn completions(State(state): State<Shared>, body: Bytes) -> Response {

@@ -2,95 +2,45 @@
 //!
 //! Hand-written: vLLM's names contain `:` (`vllm:num_requests_running`),
 //! which is legal in the exposition format but reserved for recording rules
-//! by convention, and the exposition here is a dozen lines.
+//! by convention, and the exposition is simple enough to write by hand.
+//!
+//! The request-level and iteration histograms follow vLLM 0.33
+//! (`vllm/v1/metrics/loggers.py`, `PrometheusStatLogger`): names, help,
+//! buckets, and when each is observed (the per-request timeline is
+//! `request_stats.rs`). Times are wall seconds, as a real engine's: with
+//! `--speedup X` the model's durations are reported X times shorter.
+
+mod histogram;
+mod observed;
+mod scrape;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::engine::EngineStats;
+use crate::request_stats::StepRecord;
 use crate::EngineConfig;
 
-/// vLLM's `vllm:time_to_first_token_seconds` buckets.
-pub const TTFT_BUCKETS: [f64; 22] = [
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
-];
-
-/// vLLM's `vllm:inter_token_latency_seconds` buckets.
-pub const ITL_BUCKETS: [f64; 19] = [
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0,
-];
-
-#[derive(Debug)]
-struct Histogram {
-    name: &'static str,
-    help: &'static str,
-    buckets: &'static [f64],
-    counts: Vec<u64>,
-    count: u64,
-    sum: f64,
-}
-
-impl Histogram {
-    fn new(name: &'static str, help: &'static str, buckets: &'static [f64]) -> Histogram {
-        Histogram { name, help, buckets, counts: vec![0; buckets.len()], count: 0, sum: 0.0 }
-    }
-
-    fn observe(&mut self, seconds: f64) {
-        for (count, le) in self.counts.iter_mut().zip(self.buckets) {
-            if seconds <= *le {
-                *count += 1;
-            }
-        }
-        self.count += 1;
-        self.sum += seconds;
-    }
-
-    fn render(&self, out: &mut String, labels: &str) {
-        let (name, help) = (self.name, self.help);
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (le, count) in self.buckets.iter().zip(&self.counts) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels},le=\"{}\"}} {}",
-                float(*le),
-                float(*count as f64)
-            );
-        }
-        let count = float(self.count as f64);
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", float(self.sum));
-    }
-}
+pub use histogram::{
+    request_tokens_buckets, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS,
+    REQUEST_NUM_PREEMPTIONS_BUCKETS, TTFT_BUCKETS,
+};
+use observed::Observed;
+pub use scrape::{scrape, scrape_histogram, scrape_labeled, HistogramTotals};
 
 /// Shared between the driver (writer) and `/metrics` (reader).
 #[derive(Debug)]
 pub struct Metrics {
     stats: Mutex<EngineStats>,
-    ttft: Mutex<Histogram>,
-    itl: Mutex<Histogram>,
+    observed: Mutex<Observed>,
     tokenizations: AtomicU64,
 }
 
 impl Default for Metrics {
+    /// Token-count buckets for the default engine's `max_model_len`.
     fn default() -> Self {
-        Metrics {
-            stats: Mutex::default(),
-            ttft: Mutex::new(Histogram::new(
-                "vllm:time_to_first_token_seconds",
-                "Histogram of time to first token in seconds.",
-                &TTFT_BUCKETS,
-            )),
-            itl: Mutex::new(Histogram::new(
-                "vllm:inter_token_latency_seconds",
-                "Histogram of inter-token latency in seconds.",
-                &ITL_BUCKETS,
-            )),
-            tokenizations: AtomicU64::new(0),
-        }
+        Metrics::new(EngineConfig::default().max_model_len())
     }
 }
 
@@ -99,6 +49,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Metrics {
+    /// Metrics for an engine of `max_model_len` tokens (the token-count
+    /// histograms' buckets stop there, as vLLM's do).
+    pub fn new(max_model_len: u64) -> Metrics {
+        Metrics {
+            stats: Mutex::default(),
+            observed: Mutex::new(Observed::new(max_model_len)),
+            tokenizations: AtomicU64::new(0),
+        }
+    }
+
     pub(crate) fn set_stats(&self, stats: EngineStats) {
         *lock(&self.stats) = stats;
     }
@@ -108,12 +68,9 @@ impl Metrics {
         lock(&self.stats).clone()
     }
 
-    pub(crate) fn observe_ttft(&self, seconds: f64) {
-        lock(&self.ttft).observe(seconds);
-    }
-
-    pub(crate) fn observe_itl(&self, seconds: f64) {
-        lock(&self.itl).observe(seconds);
+    /// One step's observations, all at once.
+    pub(crate) fn record(&self, rec: &StepRecord) {
+        lock(&self.observed).record(rec);
     }
 
     pub(crate) fn count_tokenization(&self) {
@@ -215,8 +172,7 @@ impl Metrics {
              vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",num_cpu_blocks=\"{}\",num_gpu_blocks=\"{}\"}} 1.0",
             config.block_size, config.num_cpu_blocks, config.num_gpu_blocks
         );
-        lock(&self.ttft).render(&mut out, &labels);
-        lock(&self.itl).render(&mut out, &labels);
+        lock(&self.observed).render(&mut out, &labels);
         out
     }
 }
@@ -232,14 +188,4 @@ fn float(v: f64) -> String {
 
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// Reads one sample's value from an exposition, by its name and an
-/// optional label substring: for tests and scripts.
-pub fn scrape(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }

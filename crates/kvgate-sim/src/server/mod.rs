@@ -8,6 +8,7 @@
 mod driver;
 mod http;
 pub mod metrics;
+mod render;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -186,7 +187,7 @@ pub async fn start(
         None => None,
     };
     let events = publisher.as_ref().map(|p| p.local_endpoints().clone());
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics::new(config.engine.max_model_len()));
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(driver::run(engine, rx, config.speedup, publisher.clone(), Arc::clone(&metrics)));
     let http_addr = listener.local_addr()?;
