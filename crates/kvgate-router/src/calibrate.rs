@@ -163,7 +163,22 @@ impl RobustLine {
             res.sort_by(f64::total_cmp);
             (slope, median_sorted(&res).clamp(0.0, intercept_hi))
         } else if self.keep_slope_when_alike {
-            let slope = self.slope;
+            // The fixed part is never negative, so no sample allows a rate
+            // slower than its own seconds per token: a slope never
+            // identified (a prior off by the gap between a model and the
+            // hardware, and every prompt the same length) comes down to
+            // what the samples show.
+            let mut ratios: Vec<f64> = pts
+                .iter()
+                .filter(|p| p.0 >= cfg.min_sample_tokens as f64)
+                .map(|p| p.1 / p.0)
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            let slope = if ratios.is_empty() {
+                self.slope
+            } else {
+                self.slope.min(median_sorted(&ratios)).clamp(slope_lo, slope_hi)
+            };
             let mut res: Vec<f64> = pts.iter().map(|p| p.1 - slope * p.0).collect();
             res.sort_by(f64::total_cmp);
             (slope, median_sorted(&res).clamp(0.0, intercept_hi))
@@ -605,5 +620,27 @@ mod tests {
         // An engine restart (totals fall) only resets the base.
         cal.observe_engine(&EngineTiming::default(), &c);
         assert_eq!(cal.prefill_line(), (s2, o2));
+    }
+
+    #[test]
+    fn equal_prompts_bring_a_too_slow_prior_down_to_the_samples() {
+        let c = cfg();
+        // Every prompt 1,024 computed tokens (a random-prompt benchmark): the
+        // line cannot be identified, but a 16k tokens/s prior is slower than
+        // any sample allows on a 64k engine with 6 ms of fixed time.
+        let mut cal = ReplicaCalibration::new(1.0 / 16_000.0, 0.02, 1e-4, 1e-3, 0.01);
+        let sigma = 1.0 / 64_000.0;
+        let mut t = EngineTiming::default();
+        cal.observe_engine(&t, &c);
+        for _ in 0..20 {
+            grow(&mut t, 3, 1024, sigma, 0.006);
+            cal.observe_engine(&t, &c);
+        }
+        let (s, o) = cal.prefill_line();
+        let per_token = (0.006 + sigma * 1024.0) / 1024.0;
+        assert!(s <= per_token + 1e-12, "{s} vs {per_token}");
+        assert!(s < 1.0 / 40_000.0, "{s}");
+        // The prediction for the samples' size stays right.
+        assert!((o + s * 1024.0 - (0.006 + sigma * 1024.0)).abs() < 1e-4, "{o}");
     }
 }
