@@ -232,8 +232,6 @@ pub(crate) struct ReplicaCalibration {
     pub(crate) engine_prefill: RobustLine,
     /// Seconds of one decode step, from the engine's inter-token latency.
     pub(crate) decode_step: RobustRate,
-    /// Whether the engine's decode step has been measured.
-    pub(crate) decode_measured: bool,
     /// The engine's totals at the last report, to take differences.
     last_timing: Option<EngineTiming>,
     /// Mean modelled decode interference of recent bookings (EWMA), taken
@@ -285,7 +283,6 @@ pub(crate) struct EngineSample {
 pub(crate) struct FleetCalibration {
     prefill: RobustLine,
     decode_step: RobustRate,
-    decode_measured: bool,
 }
 
 impl FleetCalibration {
@@ -293,7 +290,6 @@ impl FleetCalibration {
         FleetCalibration {
             prefill: RobustLine::keeping_slope(prefill_s_per_token, overhead_s),
             decode_step: RobustRate::new(decode_step_s.max(1e-6)),
-            decode_measured: false,
         }
     }
 
@@ -303,7 +299,6 @@ impl FleetCalibration {
         }
         if let Some(step) = s.decode_step_s {
             self.decode_step.observe(step, cfg);
-            self.decode_measured = true;
         }
     }
 }
@@ -330,9 +325,8 @@ impl ReplicaCalibration {
         let (line, source) = if own {
             (&self.engine_prefill, CalibrationSource::Engine)
         } else if fleet.prefill.samples() > 0 {
+            // The fleet sees every replica's engine samples, this one's too.
             (&fleet.prefill, CalibrationSource::Fleet)
-        } else if self.engine_prefill.samples() > 0 {
-            (&self.engine_prefill, CalibrationSource::Engine)
         } else {
             let (slope, intercept) = self.prefill_line();
             return Calibrated {
@@ -342,12 +336,10 @@ impl ReplicaCalibration {
                 source: self.source(),
             };
         };
-        let decode_step_s = if self.decode_step_count() >= cfg.min_samples.max(1) {
+        let decode_step_s = if self.decode_step.window.len() >= cfg.min_samples.max(1) {
             Some(self.decode_step.estimate())
-        } else if fleet.decode_measured {
-            Some(fleet.decode_step.estimate())
         } else {
-            self.decode_measured.then(|| self.decode_step.estimate())
+            (!fleet.decode_step.window.is_empty()).then(|| fleet.decode_step.estimate())
         };
         Calibrated {
             prefill_s_per_token: line.slope(),
@@ -355,10 +347,6 @@ impl ReplicaCalibration {
             decode_step_s,
             source,
         }
-    }
-
-    fn decode_step_count(&self) -> usize {
-        self.decode_step.window.len()
     }
 }
 
@@ -389,7 +377,6 @@ impl ReplicaCalibration {
             storage: RobustRate::new(storage_s.max(1e-9)),
             engine_prefill: RobustLine::keeping_slope(prefill_s_per_token, overhead_s),
             decode_step: RobustRate::new(decode_step_s.max(1e-6)),
-            decode_measured: false,
             last_timing: None,
             avg_other_s: 0.0,
         }
@@ -453,7 +440,6 @@ impl ReplicaCalibration {
             let itl = (t.itl_s - last.itl_s) / (t.itl_count - last.itl_count) as f64;
             if itl.is_finite() && itl > 0.0 {
                 self.decode_step.observe(itl, cfg);
-                self.decode_measured = true;
                 out.decode_step_s = Some(itl);
             }
         }
