@@ -314,14 +314,16 @@ pub(crate) struct Calibrated {
 
 impl ReplicaCalibration {
     /// The line and decode step to route on: this replica's own engine
-    /// samples once it has `min_samples`, else the fleet's while the fleet
-    /// has any, else TTFT samples or the priors.
+    /// samples once it has `min_samples` when `per_replica` is set, else the
+    /// fleet's while the fleet has any, else TTFT samples or the priors.
     pub(crate) fn calibrated(
         &self,
         fleet: &FleetCalibration,
         cfg: &CalibrationConfig,
     ) -> Calibrated {
-        let own = self.engine_prefill.samples() as usize >= cfg.min_samples.max(1);
+        let min = cfg.min_samples.max(1);
+        let own = self.engine_prefill.samples() as usize >= min
+            && (cfg.per_replica || fleet.prefill.samples() == 0);
         let (line, source) = if own {
             (&self.engine_prefill, CalibrationSource::Engine)
         } else if fleet.prefill.samples() > 0 {
@@ -336,7 +338,9 @@ impl ReplicaCalibration {
                 source: self.source(),
             };
         };
-        let decode_step_s = if self.decode_step.window.len() >= cfg.min_samples.max(1) {
+        let decode_step_s = if self.decode_step.window.len() >= min
+            && (cfg.per_replica || fleet.decode_step.window.is_empty())
+        {
             Some(self.decode_step.estimate())
         } else {
             (!fleet.decode_step.window.is_empty()).then(|| fleet.decode_step.estimate())
@@ -565,6 +569,39 @@ mod tests {
         t.prefill_s += n as f64 * (fixed + sigma * tokens as f64);
         t.itl_count += 50 * n;
         t.itl_s += 50.0 * n as f64 * 0.005;
+    }
+
+    /// Two identical replicas whose own fits differ (one was busier): by
+    /// default both route on the pooled line, so the noise cannot skew load;
+    /// `per_replica` gives each its own line (a fleet of different GPUs).
+    #[test]
+    fn replicas_route_on_the_pooled_line_unless_per_replica() {
+        let mut c = cfg();
+        let prior = 1.0 / 16_000.0;
+        let mut fleet = FleetCalibration::new(prior, 0.02, 0.01);
+        let mut fast = ReplicaCalibration::new(prior, 0.02, 1e-4, 1e-3, 0.01);
+        let mut slow = fast.clone();
+        let (mut tf, mut ts) = (EngineTiming::default(), EngineTiming::default());
+        fleet.observe(&fast.observe_engine(&tf, &c), &c);
+        fleet.observe(&slow.observe_engine(&ts, &c), &c);
+        for i in 0..40u64 {
+            let tokens = 256 + (i * 977) % 4000;
+            grow(&mut tf, 1, tokens, prior * 0.8, 0.006);
+            grow(&mut ts, 1, tokens, prior * 1.25, 0.006);
+            fleet.observe(&fast.observe_engine(&tf, &c), &c);
+            fleet.observe(&slow.observe_engine(&ts, &c), &c);
+        }
+        let (a, b) = (fast.calibrated(&fleet, &c), slow.calibrated(&fleet, &c));
+        assert_eq!(a.source, CalibrationSource::Fleet);
+        assert_eq!(a.prefill_s_per_token, b.prefill_s_per_token);
+        assert_eq!(a.decode_step_s, b.decode_step_s);
+        let pooled = a.prefill_s_per_token;
+        assert!(pooled > prior * 0.75 && pooled < prior * 1.3, "{pooled}");
+        c.per_replica = true;
+        let (a, b) = (fast.calibrated(&fleet, &c), slow.calibrated(&fleet, &c));
+        assert_eq!(a.source, CalibrationSource::Engine);
+        assert!((a.prefill_s_per_token / (prior * 0.8) - 1.0).abs() < 0.01);
+        assert!((b.prefill_s_per_token / (prior * 1.25) - 1.0).abs() < 0.01);
     }
 
     #[test]

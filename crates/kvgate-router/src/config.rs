@@ -140,6 +140,12 @@ pub struct CostModelConfig {
     /// own TTFT; the same everywhere when nothing is cached. 3 was chosen
     /// from the Mooncake replay (docs/routing.md).
     pub work_weight: f64,
+    /// Weight of the delay a choice's prefill adds to each sequence decoding
+    /// on that replica (every one of their next tokens waits for it), as a
+    /// share of a TTFT second: the fleet's latency, not only this request's
+    /// (docs/routing.md, "Decode delay"). Balances live sessions across
+    /// replicas; 0 turns it off.
+    pub decode_delay_weight: f64,
     /// Output tokens assumed when a request gives no `max_tokens`.
     pub default_output_tokens: u32,
 }
@@ -156,6 +162,7 @@ impl Default for CostModelConfig {
             kv_pressure_start: 0.8,
             kv_pressure_tokens: 32_000.0,
             work_weight: 3.0,
+            decode_delay_weight: 0.05,
             default_output_tokens: 256,
         }
     }
@@ -177,6 +184,13 @@ pub struct CalibrationConfig {
     pub min_sample_tokens: u64,
     /// A sample's implied rate is clamped to prior ÷ this … prior × this.
     pub max_ratio_to_prior: f64,
+    /// Route each replica on its own engine samples (a fleet of different
+    /// GPUs) instead of the fleet's pooled ones. Off by default: a request's
+    /// prefill time grows with the prefills sharing its steps, so a
+    /// replica's own fit measures its recent load as much as its speed, and
+    /// routing on it swings load between identical replicas
+    /// (docs/routing.md, "Calibration").
+    pub per_replica: bool,
 }
 
 impl Default for CalibrationConfig {
@@ -187,6 +201,7 @@ impl Default for CalibrationConfig {
             min_samples: 5,
             min_sample_tokens: 256,
             max_ratio_to_prior: 20.0,
+            per_replica: false,
         }
     }
 }
@@ -316,6 +331,7 @@ impl RouterConfig {
             ("cost.decode_per_seq_ms", c.decode_per_seq_ms),
             ("cost.kv_pressure_tokens", c.kv_pressure_tokens),
             ("cost.work_weight", c.work_weight),
+            ("cost.decode_delay_weight", c.decode_delay_weight),
             ("epsilon", self.epsilon),
             ("linear_overlap_weight", self.linear_overlap_weight),
             ("busy_kv_usage", self.busy_kv_usage),

@@ -8,11 +8,12 @@
 //! prefill  = σ × U                       σ: calibrated seconds per token
 //! transfer = τ_cpu × cpu blocks + τ_storage × storage blocks
 //! steps    = max(1, (P + U) / max_num_batched_tokens)
-//! interf.  = steps × (decode_step + decode_per_seq × D)   if D > 0, else 0
-//!            (steps × the engine's measured step, when it reports one)
+//! interf.  = steps × min(decode_step + decode_per_seq × D, measured step)   if D > 0, else 0
+//!            (the measured step is the engine's mean inter-token latency)
 //! ttft     = queue + prefill + transfer + interf. + overhead      (calibrated)
 //! pressure = σ × kv_pressure_tokens × ((u - start) / (1 - start))²    u: KV occupancy after booking
 //! cost     = ttft + pressure + work_weight × busy × σ × (U − U_min)
+//!                 + decode_delay_weight × D × σ × U
 //! busy     = 1 if anything is queued or decoding there, else 0
 //! U_min    = the fewest uncached tokens of any candidate
 //! ```
@@ -94,13 +95,14 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
     let interference_s = if x.decoding > 0 {
         let work = (x.queue_tokens + uncached) as f64;
         let steps = (work / f64::from(x.max_num_batched_tokens.max(1))).max(1.0);
-        // A measured step already includes the batch's per-sequence cost.
-        match x.decode_step_s {
-            Some(step) => steps * step,
-            None => {
-                steps * (c.decode_step_ms + c.decode_per_seq_ms * f64::from(x.decoding)) / 1000.0
-            }
-        }
+        let modelled = (c.decode_step_ms + c.decode_per_seq_ms * f64::from(x.decoding)) / 1000.0;
+        // The engine's mean inter-token latency includes the prefill chunks
+        // that shared the steps, which `queue` and `prefill` already count:
+        // it bounds the decode part from above, so it can only lower the
+        // modelled step (a faster engine than the prior), never raise it.
+        // Raising it on busy replicas double-counts their prefill and, as the
+        // measurement lags, swings load between replicas.
+        steps * x.decode_step_s.map_or(modelled, |m| m.min(modelled))
     } else {
         0.0
     };
@@ -143,6 +145,17 @@ pub fn work_charge(c: &CostModelConfig, p: &Prediction, floor_tokens: u64, busy:
     }
     let extra = p.uncached_tokens.saturating_sub(floor_tokens) as f64;
     c.work_weight * p.prefill_s * extra / p.uncached_tokens as f64
+}
+
+/// The decode-delay charge of a candidate (docs/routing.md, "Decode
+/// delay"): vLLM schedules the running decodes into every step that carries
+/// this request's prefill, so each of the `decoding` sequences there waits
+/// about `prefill_s` longer for its next tokens. Weighed at
+/// `decode_delay_weight` of a TTFT second per sequence. With no reuse
+/// anywhere, `prefill_s` is the same everywhere and the charge orders
+/// replicas by their decode load, so the choice is still by load alone.
+pub(crate) fn decode_delay_charge(c: &CostModelConfig, p: &Prediction, decoding: u32) -> f64 {
+    c.decode_delay_weight * p.prefill_s * f64::from(decoding)
 }
 
 #[cfg(test)]
@@ -196,5 +209,10 @@ mod tests {
         assert_eq!(work_charge(&c, &a, floor, true), 0.0);
         assert_eq!(work_charge(&c, &cold, floor, false), 0.0);
         assert_eq!(r(work_charge(&c, &cold, floor, true)), 0.768);
+        // The decode-delay charge: A's 200-token prefill holds up its 30
+        // decoding sequences, 0.05 × 30 × 200/16000 s; B's holds up 10.
+        assert_eq!(r(decode_delay_charge(&c, &a, 30)), 0.0188);
+        assert_eq!(r(decode_delay_charge(&c, &b, 10)), 0.0063);
+        assert_eq!(decode_delay_charge(&c, &cold, 0), 0.0);
     }
 }

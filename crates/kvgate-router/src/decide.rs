@@ -9,7 +9,7 @@ use kvgate_index::{BlockKey, Index, PrefixMatch, ReplicaId};
 
 use crate::calibrate::SampleBasis;
 use crate::config::{AdmissionMode, PolicyKind};
-use crate::cost::{predict, work_charge, CostInputs, Prediction};
+use crate::cost::{decode_delay_charge, predict, work_charge, CostInputs, Prediction};
 use crate::explain::{Candidate, Explanation, Reason};
 use crate::ledger::{lock, Booking};
 use crate::replica::Health;
@@ -289,11 +289,13 @@ impl Router {
             };
             preds.push((pred, basis, new_blocks));
         }
-        // The fleet-work charge, relative to the best placement (cost.rs).
+        // The fleet-work charge (relative to the best placement) and the
+        // decode-delay charge (cost.rs).
         let floor = preds.iter().map(|(p, ..)| p.uncached_tokens).min().unwrap_or(0);
         for (c, (p, ..)) in cands.iter_mut().zip(preds.iter_mut()) {
             let busy = c.pending_prefill_tokens > 0 || c.decoding > 0;
-            let w = work_charge(&cfg.cost, p, floor, busy);
+            let w = work_charge(&cfg.cost, p, floor, busy)
+                + decode_delay_charge(&cfg.cost, p, c.decoding);
             p.cost += w;
             c.score += w;
         }

@@ -442,3 +442,75 @@ fn mixed_system_prompts_beat_round_robin() {
     assert!(kv.1 > rr.1, "kv_aware hit fewer tokens than round robin");
     assert!(kv.3 <= rr.3, "kv_aware p90 {:.3}s worse than round robin {:.3}s", kv.3, rr.3);
 }
+
+/// Agent sessions arriving over time (a shared system prompt, then each
+/// session's own growing context): every continuing turn stays where its
+/// session's cache is, and new sessions spread over the replicas rather than
+/// piling onto whichever one is momentarily quiet (docs/routing.md, "Decode
+/// delay").
+#[test]
+fn new_sessions_spread_while_continuing_sessions_stick() {
+    const SESSIONS: usize = 24;
+    const TURNS: usize = 8;
+    let run = |decode_delay_weight: f64| {
+        let mut router = support::router_config(PolicyKind::KvAware);
+        router.cost.decode_delay_weight = decode_delay_weight;
+        let configs = (0..4).map(|_| support::engine_config(TimingModel::llmd_qwen3_32b()));
+        let mut fleet = Fleet::new(configs.collect(), router);
+        let mut rng = Rng::new(5);
+        let system = rng.tokens(1024);
+        // (arrival, session, prompt); turns of one session grow by 256 tokens.
+        let mut plan = Vec::new();
+        for s in 0..SESSIONS {
+            let mut prompt = system.clone();
+            prompt.extend(rng.tokens(2048));
+            let mut t = Duration::from_millis(400 * s as u64 + rng.next_u64() % 100);
+            for _ in 0..TURNS {
+                plan.push((t, s, prompt.clone()));
+                prompt.extend(rng.tokens(256));
+                t += Duration::from_millis(1500 + rng.next_u64() % 500);
+            }
+        }
+        plan.sort_by_key(|p| p.0);
+        for (t, _, prompt) in &plan {
+            fleet.submit(*t, prompt.clone(), 64);
+        }
+        fleet.run_to_idle();
+        // Records are in arrival order, as the plan is.
+        let mut last: Vec<Option<usize>> = vec![None; SESSIONS];
+        let (mut stayed, mut continuing) = (0, 0);
+        let mut sessions_on = [0usize; 4];
+        for (k, (_, s, _)) in plan.iter().enumerate() {
+            let r = fleet.records[k].replica;
+            match last[*s] {
+                None => sessions_on[r] += 1,
+                Some(prev) => {
+                    continuing += 1;
+                    stayed += usize::from(prev == r);
+                }
+            }
+            last[*s] = Some(r);
+        }
+        let n = fleet.records.len();
+        let tt = ttfts(&fleet, 0..n);
+        (stayed as f64 / continuing as f64, sessions_on, p(&tt, 0.5), p(&tt, 0.9))
+    };
+    let (stick, on, p50, p90) =
+        run(support::router_config(PolicyKind::KvAware).cost.decode_delay_weight);
+    let (stick0, on0, p50_0, p90_0) = run(0.0);
+    println!(
+        "sessions: stick {stick:.3}, new sessions per replica {on:?}, p50 {p50:.3}s p90 {p90:.3}s; \
+         without the decode-delay charge: stick {stick0:.3}, {on0:?}, p50 {p50_0:.3}s p90 {p90_0:.3}s"
+    );
+    assert!(stick >= 0.9, "continuing turns moved: {stick:.3} stayed");
+    // Without the charge nearly every new session lands on one replica (the
+    // one whose decodes happen to be fewest when each arrives, and then the
+    // warmest). With it they spread, within 1.5× of an even share; one
+    // replica still gets few, since the shared prompt is warm elsewhere and
+    // nothing yet charges a session's later turns (docs/routing.md).
+    let even = SESSIONS as f64 / 4.0;
+    let hi = *on.iter().max().unwrap() as f64;
+    let hi0 = *on0.iter().max().unwrap() as f64;
+    assert!(hi <= 1.5 * even, "new sessions piled up: {on:?}");
+    assert!(hi < hi0, "the charge did not spread sessions: {on:?} vs {on0:?}");
+}

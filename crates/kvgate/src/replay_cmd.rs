@@ -167,6 +167,21 @@ pub(crate) struct ReplayArgs {
         conflicts_with = "target"
     )]
     pub(crate) ingresses: Vec<String>,
+    /// Override a router setting for every policy: `--set router.cost.work_weight=2`
+    /// (keys of docs/config.md's `[router]`; repeatable). Live mode passes them to
+    /// the spawned kvgate instances.
+    #[arg(long = "set", value_name = "router.KEY=VALUE")]
+    pub(crate) set: Vec<String>,
+}
+
+/// The router configuration with `--set` applied (only `router.` keys).
+fn router_config(set: &[String]) -> anyhow::Result<RouterConfig> {
+    if let Some(bad) = set.iter().find(|s| !s.trim_start().starts_with("router.")) {
+        bail!("--set {bad:?}: replay takes router settings only (router.KEY=VALUE)");
+    }
+    let c = kvgate_gateway::GatewayConfig::from_toml_with_overrides("", set).context("--set")?;
+    c.router.validate().context("--set")?;
+    Ok(c.router)
 }
 
 /// One `--ingresses` entry: instance count and whether they share.
@@ -319,8 +334,8 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         .jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
         .max(1);
-    let opts =
-        RunOptions { fleet: fleet.clone(), router: RouterConfig::default(), seed: args.seed, jobs };
+    let router = router_config(&args.set)?;
+    let opts = RunOptions { fleet: fleet.clone(), router, seed: args.seed, jobs };
     let n = workload.requests.len() as u64;
 
     let bounds = oracle_hit_rates(
@@ -379,6 +394,7 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
                 model: args.model.clone(),
                 ingresses: 1,
                 peer_sharing: true,
+                set: args.set.clone(),
             };
             let label = setups.len() > 1 || setups.iter().any(|s| s.0 > 1);
             let mut runs = Vec::new();

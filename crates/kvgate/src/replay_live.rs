@@ -53,6 +53,8 @@ pub(crate) struct LiveOptions {
     pub(crate) ingresses: usize,
     /// With several instances: whether they share their bookings (peers).
     pub(crate) peer_sharing: bool,
+    /// `--set` overrides for the spawned kvgate instances.
+    pub(crate) set: Vec<String>,
 }
 
 /// One request's outcome at the client, in wall time since the run started.
@@ -246,6 +248,9 @@ fn spawn_fleet(
             .args(["--set", &format!("router.seed={}", seed + g as u64)])
             .args(["--set", &format!("model.served_name={}", opts.model)])
             .args(["--set", &format!("model.max_model_len={}", longest.max(1) + 1)]);
+        for o in &opts.set {
+            gw.args(["--set", o]);
+        }
         for (i, url) in engines.iter().enumerate() {
             let i = i as u16;
             gw.args([
