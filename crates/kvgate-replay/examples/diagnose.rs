@@ -34,7 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fleet = FleetSpec::acceptance();
     let opts = RunOptions { fleet, router: router_config(), seed: 42, jobs: 1 };
-    let none = OracleHitRates { oracle: 0.0, ceiling: 0.0 };
+    let none = OracleHitRates { oracle: 0.0, ceiling: 0.0, ttft_floor_ms: None };
     let (summary, fleet) = run_policy_fleet(&w, policy, scale, &opts, none, &|_| ())?;
     let recs = &fleet.records;
     let sum = |f: &dyn Fn(&kvgate_replay::Record) -> u64| recs.iter().map(f).sum::<u64>();

@@ -13,13 +13,15 @@
 //!   `messages` files with line-numbered errors; format detection.
 //! - `synthetic.rs`: seeded generators (`chat`, `agentic`, `noreuse`).
 //! - `capacity.rs`: the acceptance fleet and its KV capacity derivation.
-//! - `oracle.rs`: the pooled-LRU oracle and the unlimited-cache ceiling.
+//! - `oracle.rs`: the pooled-LRU oracle, the unlimited-cache ceiling and
+//!   the TTFT floor.
 //! - `fleet.rs`: the virtual-time discrete-event fleet (engines, index,
 //!   router, deliveries).
 //! - `metrics.rs`: per-run summaries (TTFT, ITL, E2E, hit rate, imbalance).
 //! - `run.rs`: comparisons, rate sweeps and the automatic load levels.
 //! - `report.rs`: the JSON schema and the terminal table.
 //! - `plots.rs`: SVG charts.
+//! - `scoreboard.rs`: `--suite`'s per-level ratios of each policy to the best.
 
 mod capacity;
 mod error;
@@ -29,6 +31,7 @@ mod oracle;
 mod plots;
 mod report;
 mod run;
+mod scoreboard;
 mod synthetic;
 mod workload;
 
@@ -36,13 +39,14 @@ pub use capacity::{FleetSpec, KvMemoryModel};
 pub use error::ReplayError;
 pub use fleet::{Fleet, LoadSample, Record};
 pub use metrics::{max_over_mean, Distribution, RunSummary};
-pub use oracle::{oracle_hit_rates, OracleHitRates, PooledLru};
+pub use oracle::{oracle_hit_rates, FloorModel, OracleHitRates, PooledLru};
 pub use plots::{line_chart, write_plots, Line};
 pub use report::{render_table, Report, WorkloadInfo};
 pub use run::{
     find_load_levels, run_matrix, run_policy, run_policy_fleet, Level, LevelSearch, Progress,
     RunOptions,
 };
+pub use scoreboard::{render_scoreboard, scoreboard, LevelScore, PolicyScore};
 pub use synthetic::{SyntheticKind, SyntheticSpec};
 pub use workload::{
     detect_format, mooncake_tokens, parse_messages, parse_mooncake, LineError, Prompt, TraceFormat,

@@ -75,6 +75,9 @@ pub struct RunSummary {
     /// `first_admission_hit_rate ÷ oracle_hit_rate` (neither counts
     /// re-admissions after preemption).
     pub first_admission_vs_oracle: f64,
+    /// The workload's mean TTFT floor, ms: each request alone on a replica
+    /// holding its oracle prefix (`oracle.rs`); compare `ttft_ms.mean`.
+    pub ttft_floor_ms: Option<f64>,
     /// Max ÷ mean of the prefill tokens each replica computed.
     pub load_imbalance: f64,
     /// Max ÷ mean of the requests each replica served.
@@ -181,6 +184,7 @@ impl RunSummary {
             } else {
                 0.0
             },
+            ttft_floor_ms: bounds.ttft_floor_ms,
             load_imbalance: max_over_mean(&prefill),
             request_imbalance: max_over_mean(&reqs),
             replica_requests,

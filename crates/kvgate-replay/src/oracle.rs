@@ -4,7 +4,11 @@
 //!   (GPU + CPU blocks of every replica), as if a perfect router could put
 //!   every request where its prefix is and the fleet were one cache;
 //! - the **ceiling**: a cache of unlimited capacity (every block ever seen
-//!   stays).
+//!   stays);
+//! - the **TTFT floor**: each request served alone on a replica that holds
+//!   its oracle prefix, with nothing queued or decoding: only its uncached
+//!   tokens' prefill, in `max_num_batched_tokens` chunks, on the engines'
+//!   timing model (issue 18).
 //!
 //! Both process requests in arrival order and count hits as the engine does:
 //! the longest run of cached prompt blocks from the start, capped one token
@@ -124,6 +128,27 @@ pub struct OracleHitRates {
     pub oracle: f64,
     /// Unlimited cache.
     pub ceiling: f64,
+    /// Mean TTFT floor in ms (`None` when computed without a timing model).
+    pub ttft_floor_ms: Option<f64>,
+}
+
+/// What the TTFT floor needs about the engines.
+#[derive(Clone, Debug)]
+pub struct FloorModel {
+    /// The engines' timing model.
+    pub timing: kvgate_sim::TimingModel,
+    /// Their per-step token budget.
+    pub max_num_batched_tokens: u32,
+}
+
+impl FloorModel {
+    /// Milliseconds to prefill `uncached` tokens alone: full chunks of the
+    /// step budget, then the rest; the first token comes with the last.
+    pub fn prefill_alone_ms(&self, uncached: u64) -> f64 {
+        let chunk = u64::from(self.max_num_batched_tokens.max(1));
+        let (full, rest) = (uncached / chunk, uncached % chunk);
+        full as f64 * self.timing.prefill_ms(chunk) + self.timing.prefill_ms(rest)
+    }
 }
 
 /// Hit tokens for a prompt of `n_tokens` whose first `prefix_blocks` blocks
@@ -136,20 +161,27 @@ fn prefix_len(keys: &[BlockKey], cached: impl Fn(u64) -> bool) -> usize {
     keys.iter().take_while(|k| cached(k.get())).count()
 }
 
-/// Runs both bounds over `workload` with `capacity_blocks` pooled blocks.
+/// Runs both hit-rate bounds over `workload` with `capacity_blocks` pooled
+/// blocks, and the TTFT floor when given the engines' `floor` model.
 pub fn oracle_hit_rates(
     workload: &Workload,
     block_size: usize,
     capacity_blocks: usize,
+    floor: Option<&FloorModel>,
 ) -> OracleHitRates {
     let mut lru = PooledLru::new(capacity_blocks);
     let mut seen: FxHashSet<u64> = FxHashSet::default();
     let (mut total, mut lru_hits, mut ceiling_hits) = (0u64, 0u64, 0u64);
+    let mut floor_ms = 0.0;
     for r in &workload.requests {
         let tokens = r.prompt.tokens();
         let keys = block_keys(&tokens, block_size, None);
         total += tokens.len() as u64;
-        lru_hits += hit_tokens(prefix_len(&keys, |k| lru.contains(k)), tokens.len(), block_size);
+        let hit = hit_tokens(prefix_len(&keys, |k| lru.contains(k)), tokens.len(), block_size);
+        lru_hits += hit;
+        if let Some(f) = floor {
+            floor_ms += f.prefill_alone_ms(tokens.len() as u64 - hit);
+        }
         ceiling_hits +=
             hit_tokens(prefix_len(&keys, |k| seen.contains(&k)), tokens.len(), block_size);
         for k in &keys {
@@ -158,7 +190,12 @@ pub fn oracle_hit_rates(
         }
     }
     let rate = |h: u64| if total == 0 { 0.0 } else { h as f64 / total as f64 };
-    OracleHitRates { oracle: rate(lru_hits), ceiling: rate(ceiling_hits) }
+    let n = workload.requests.len().max(1) as f64;
+    OracleHitRates {
+        oracle: rate(lru_hits),
+        ceiling: rate(ceiling_hits),
+        ttft_floor_ms: floor.map(|_| floor_ms / n),
+    }
 }
 
 #[cfg(test)]
@@ -223,13 +260,34 @@ mod tests {
             requests: vec![req(vec![1, 2], 1024), req(vec![1, 2], 1024), req(vec![3, 4], 1024)],
             skipped: Vec::new(),
         };
-        let unlimited = oracle_hit_rates(&w, 16, 1 << 20);
+        let unlimited = oracle_hit_rates(&w, 16, 1 << 20, None);
         // Second request: all but the last token → 1023 of 3072.
         assert!((unlimited.ceiling - 1023.0 / 3072.0).abs() < 1e-12);
         assert_eq!(unlimited.oracle, unlimited.ceiling);
         // 32 blocks of capacity keep only the second half: no prefix hit.
-        let small = oracle_hit_rates(&w, 16, 32);
+        let small = oracle_hit_rates(&w, 16, 32, None);
         assert_eq!(small.oracle, 0.0);
         assert!((small.ceiling - unlimited.ceiling).abs() < 1e-12);
+        assert_eq!(small.ttft_floor_ms, None);
+        // The floor: 3 ms + 1 ms per token, 512-token steps. Unlimited: 1024,
+        // 1 and 1024 tokens to compute (2 chunks + 2 chunks + 1 token).
+        let f = FloorModel {
+            timing: kvgate_sim::TimingModel {
+                prefill_quadratic_ms: 0.0,
+                prefill_linear_ms: 1.0,
+                prefill_const_ms: 3.0,
+                decode_quadratic_ms: 0.0,
+                decode_linear_ms: 0.0,
+                decode_const_ms: 0.0,
+                decode_per_seq_ms: 0.0,
+            },
+            max_num_batched_tokens: 512,
+        };
+        assert_eq!(f.prefill_alone_ms(1024), 2.0 * 515.0);
+        assert_eq!(f.prefill_alone_ms(1), 4.0);
+        assert_eq!(f.prefill_alone_ms(0), 0.0);
+        let b = oracle_hit_rates(&w, 16, 1 << 20, Some(&f));
+        assert_eq!(b.ttft_floor_ms, Some((1030.0 + 4.0 + 1030.0) / 3.0));
+        assert_eq!(b.oracle, unlimited.oracle);
     }
 }

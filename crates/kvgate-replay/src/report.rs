@@ -133,7 +133,7 @@ pub fn render_table(report: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "{:<15} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>8} {:>6} {:>7} {:>6} {:>8}",
+        "{:<15} {:>7} {:>7} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6} {:>8} {:>8} {:>6} {:>7} {:>6} {:>5} {:>8}",
         "policy",
         "rate x",
         "req/s",
@@ -141,12 +141,14 @@ pub fn render_table(report: &Report) -> String {
         "p50",
         "p90",
         "p99",
+        "÷floor",
         "itl",
+        "itl p90",
         "e2e mean",
-        "out tok/s",
         "hit",
         "÷oracle",
         "imbal",
+        "shed",
         "decide µs"
     );
     let mut last_scale = None;
@@ -155,9 +157,10 @@ pub fn render_table(report: &Report) -> String {
             s.push('\n');
         }
         last_scale = Some(r.rate_scale);
+        let floor = r.ttft_floor_ms.filter(|f| *f > 0.0).map(|f| r.ttft_ms.mean / f);
         let _ = writeln!(
             s,
-            "{:<15} {:>7.3} {:>7.2} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.1} {:>9.0} {:>8.0} {:>6.3} {:>7.3} {:>6.2} {:>8.1}",
+            "{:<15} {:>7.3} {:>7.2} {:>9.1} {:>7.1} {:>7.1} {:>8.1} {:>6} {:>6.1} {:>8.1} {:>8.0} {:>6.3} {:>7.3} {:>6.2} {:>5} {:>8.1}",
             r.policy,
             r.rate_scale,
             r.rate,
@@ -165,15 +168,17 @@ pub fn render_table(report: &Report) -> String {
             r.ttft_ms.p50,
             r.ttft_ms.p90,
             r.ttft_ms.p99,
+            floor.map_or_else(|| "-".to_owned(), |x| format!("{x:.2}")),
             r.itl_ms.mean,
+            r.itl_ms.p90,
             r.e2e_ms.mean,
-            r.throughput_tok_s,
             r.hit_rate,
             r.hit_rate_vs_oracle,
             r.load_imbalance,
+            r.unserved,
             r.decision_us.mean
         );
     }
-    s.push_str("(ms; hit = engine-side hit tokens ÷ queried tokens; imbal = max ÷ mean prefill tokens per replica)\n");
+    s.push_str("(ms; ÷floor = mean TTFT ÷ each request alone on a replica holding its oracle prefix; hit = engine-side hit tokens ÷ queried tokens; imbal = max ÷ mean prefill tokens per replica; shed = requests not served)\n");
     s
 }

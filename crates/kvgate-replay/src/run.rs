@@ -141,7 +141,7 @@ pub fn find_load_levels(
     tolerance: f64,
     progress: Progress<'_>,
 ) -> Result<LevelSearch, ReplayError> {
-    let none = OracleHitRates { oracle: 0.0, ceiling: 0.0 };
+    let none = OracleHitRates { oracle: 0.0, ceiling: 0.0, ttft_floor_ms: None };
     let probe = |scale: f64| -> Result<f64, ReplayError> {
         Ok(run_policy(workload, PolicyKind::LeastLoad, scale, opts, none, progress)?.ttft_ms.mean)
     };

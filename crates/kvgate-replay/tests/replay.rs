@@ -34,7 +34,7 @@ fn the_fixture_parses_cleanly() {
 fn a_fixed_seed_gives_identical_runs() {
     let w = fixture(120);
     let f = FleetSpec::acceptance();
-    let bounds = oracle_hit_rates(&w, 16, f.total_blocks() as usize);
+    let bounds = oracle_hit_rates(&w, 16, f.total_blocks() as usize, None);
     for policy in [PolicyKind::KvAware, PolicyKind::PowerOfTwo, PolicyKind::ApproxPrefix] {
         let (a, fa) = run_policy_fleet(&w, policy, 4.0, &opts(), bounds, &|_| ()).unwrap();
         let (b, fb) = run_policy_fleet(&w, policy, 4.0, &opts(), bounds, &|_| ()).unwrap();
@@ -56,7 +56,7 @@ fn every_request_finishes_and_the_books_balance() {
         PolicyKind::KvAware,
         2.0,
         &opts(),
-        kvgate_replay::OracleHitRates { oracle: 0.5, ceiling: 0.6 },
+        kvgate_replay::OracleHitRates { oracle: 0.5, ceiling: 0.6, ttft_floor_ms: None },
         &|_| (),
     )
     .unwrap();
@@ -74,8 +74,8 @@ fn every_request_finishes_and_the_books_balance() {
 #[test]
 fn the_pooled_oracle_never_beats_the_ceiling_and_equals_it_when_large() {
     let w = fixture(200);
-    let small = oracle_hit_rates(&w, 16, 2_000);
-    let big = oracle_hit_rates(&w, 16, 100_000_000);
+    let small = oracle_hit_rates(&w, 16, 2_000, None);
+    let big = oracle_hit_rates(&w, 16, 100_000_000, None);
     assert!(small.oracle <= small.ceiling);
     assert!(small.oracle < big.oracle);
     assert_eq!(big.oracle, big.ceiling);
@@ -87,7 +87,7 @@ fn no_reuse_means_no_hits_and_kv_aware_balances_like_least_load() {
     let spec: SyntheticSpec = "noreuse,requests=150,input_tokens=1024,rate=40".parse().unwrap();
     let w = spec.generate(Some(3));
     let f = FleetSpec::acceptance();
-    let bounds = oracle_hit_rates(&w, 16, f.total_blocks() as usize);
+    let bounds = oracle_hit_rates(&w, 16, f.total_blocks() as usize, None);
     assert_eq!(bounds.ceiling, 0.0);
     let kv = run_policy(&w, PolicyKind::KvAware, 1.0, &opts(), bounds, &|_| ()).unwrap();
     let ll = run_policy(&w, PolicyKind::LeastLoad, 1.0, &opts(), bounds, &|_| ()).unwrap();
@@ -113,7 +113,7 @@ fn the_index_sees_the_cpu_tier() {
     o.fleet.replicas = 2;
     o.fleet.engine.num_gpu_blocks = 400;
     o.fleet.engine.num_cpu_blocks = 4_000;
-    let bounds = kvgate_replay::OracleHitRates { oracle: 1.0, ceiling: 1.0 };
+    let bounds = kvgate_replay::OracleHitRates { oracle: 1.0, ceiling: 1.0, ttft_floor_ms: None };
     let (_, fleet) = run_policy_fleet(&w, PolicyKind::KvAware, 1.0, &o, bounds, &|_| ()).unwrap();
     let cpu_blocks: u64 = fleet
         .index()

@@ -89,10 +89,13 @@ impl std::fmt::Display for PolicyKind {
 pub enum Selection {
     /// Uniformly among candidates whose cost is within `epsilon` (relative)
     /// of the best.
-    #[default]
     Epsilon,
     /// Softmax over `-(cost - best) / (temperature × best)`.
     Softmax,
+    /// Among candidates within `epsilon` of the best, the one this router
+    /// chose least recently: near-ties rotate instead of being drawn.
+    #[default]
+    Rotate,
 }
 
 /// What happens when every replica is over its busy thresholds.
@@ -241,7 +244,7 @@ pub struct RouterConfig {
     pub policy: PolicyKind,
     /// How costs become a choice (cost-based policies).
     pub selection: Selection,
-    /// Relative cost band treated as a tie (`selection = "epsilon"`).
+    /// Relative cost band treated as a tie (`selection = "rotate"` or `"epsilon"`).
     pub epsilon: f64,
     /// Softmax temperature, relative to the best cost (`selection = "softmax"`).
     pub temperature: f64,
@@ -290,7 +293,7 @@ impl Default for RouterConfig {
     fn default() -> Self {
         RouterConfig {
             policy: PolicyKind::KvAware,
-            selection: Selection::Epsilon,
+            selection: Selection::Rotate,
             epsilon: 0.05,
             temperature: 0.05,
             seed: None,

@@ -173,6 +173,12 @@ impl Router {
                     self.remember_approx(req, c.replica);
                 }
                 RouterMetrics::inc(&self.metrics.routed);
+                let slot = c.replica.index();
+                if self.last_chosen.len() <= slot {
+                    self.last_chosen.resize(slot + 1, 0);
+                }
+                self.decisions += 1;
+                self.last_chosen[slot] = self.decisions;
                 if req.queued_since.is_some() {
                     RouterMetrics::inc(&self.metrics.routed_after_wait);
                 }

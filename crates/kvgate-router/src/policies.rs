@@ -34,7 +34,16 @@ impl Router {
                 costs.clear();
                 costs.extend(eligible.iter().map(|&i| (i, cands[i].score)));
                 let c = &self.config;
-                let r = pick_cost(&costs, c.selection, c.epsilon, c.temperature, &mut self.rng);
+                let last = &self.last_chosen;
+                let recency = |i: usize| last.get(cands[i].replica.index()).copied().unwrap_or(0);
+                let r = pick_cost(
+                    &costs,
+                    c.selection,
+                    c.epsilon,
+                    c.temperature,
+                    &mut self.rng,
+                    recency,
+                );
                 self.scratch_costs = costs;
                 r
             }
@@ -116,8 +125,9 @@ impl Router {
             let decode_blocks = c.booked_blocks as f64 + req_blocks;
             costs.push((i, w * prefill_blocks + decode_blocks));
         }
-        let r = pick_cost(&costs, crate::config::Selection::Epsilon, 0.0, 1.0, &mut self.rng)
-            .map(|(i, _)| (i, Reason::LowestCost));
+        let r =
+            pick_cost(&costs, crate::config::Selection::Epsilon, 0.0, 1.0, &mut self.rng, |_| 0)
+                .map(|(i, _)| (i, Reason::LowestCost));
         self.scratch_costs = costs;
         r
     }

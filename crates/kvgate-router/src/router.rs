@@ -73,6 +73,11 @@ pub struct Router {
     /// (`None` when not sharing). Bounded; overflow is counted.
     pub(crate) tentative_outbox: Option<Vec<(ReplicaId, Vec<BlockKey>)>>,
     pub(crate) tentative_outbox_dropped: u64,
+    /// Per replica index: the routed-decision count when it was last
+    /// chosen (0: never), for `Selection::Rotate`.
+    pub(crate) last_chosen: Vec<u64>,
+    /// Routed decisions so far.
+    pub(crate) decisions: u64,
 }
 
 /// Tentative-block additions buffered for peers between drains.
@@ -108,6 +113,8 @@ impl Router {
             scratch_approx: Vec::new(),
             tentative_outbox: None,
             tentative_outbox_dropped: 0,
+            last_chosen: Vec::new(),
+            decisions: 0,
         })
     }
 

@@ -1,6 +1,6 @@
-//! Turning scores into one choice without herding: ties and near-ties are
-//! broken at random, so a burst of identical requests spreads over equally
-//! good replicas instead of piling onto the first.
+//! Turning scores into one choice without herding: ties and near-ties
+//! rotate (or are drawn at random), so a burst of identical requests spreads
+//! over equally good replicas instead of piling onto the first.
 
 use rand::rngs::SmallRng;
 use rand::Rng;
@@ -9,12 +9,15 @@ use crate::config::Selection;
 use crate::explain::Reason;
 
 /// Picks among `costs` (index, cost), lowest is best. `None` when empty.
+/// `last_chosen(index)` orders near-ties for `Selection::Rotate` (smaller:
+/// chosen longer ago).
 pub(crate) fn pick_cost(
     costs: &[(usize, f64)],
     selection: Selection,
     epsilon: f64,
     temperature: f64,
     rng: &mut SmallRng,
+    last_chosen: impl Fn(usize) -> u64,
 ) -> Option<(usize, Reason)> {
     let best = costs.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
     if !best.is_finite() {
@@ -30,6 +33,15 @@ pub(crate) fn pick_cost(
             let n = costs.iter().filter(|c| c.1 <= band).count();
             let k = rng.random_range(0..n.max(1));
             let chosen = costs.iter().filter(|c| c.1 <= band).nth(k)?.0;
+            let reason =
+                if n == 1 { Reason::LowestCost } else { Reason::NearTie { among: n as u32 } };
+            Some((chosen, reason))
+        }
+        Selection::Rotate => {
+            let band = best + best.abs() * epsilon + 1e-12;
+            let near = costs.iter().filter(|c| c.1 <= band);
+            let n = near.clone().count();
+            let chosen = near.min_by_key(|c| last_chosen(c.0))?.0;
             let reason =
                 if n == 1 { Reason::LowestCost } else { Reason::NearTie { among: n as u32 } };
             Some((chosen, reason))
@@ -70,12 +82,12 @@ mod tests {
         let costs = [(0, 1.0), (1, 1.01), (2, 2.0)];
         let mut seen = [0; 3];
         for _ in 0..1000 {
-            let (i, _) = pick_cost(&costs, Selection::Epsilon, 0.05, 0.1, &mut rng).unwrap();
+            let (i, _) = pick_cost(&costs, Selection::Epsilon, 0.05, 0.1, &mut rng, |_| 0).unwrap();
             seen[i] += 1;
         }
         assert_eq!(seen[2], 0);
         assert!(seen[0] > 400 && seen[1] > 400, "{seen:?}");
-        let (i, r) = pick_cost(&costs, Selection::Epsilon, 0.0, 0.1, &mut rng).unwrap();
+        let (i, r) = pick_cost(&costs, Selection::Epsilon, 0.0, 0.1, &mut rng, |_| 0).unwrap();
         assert_eq!((i, r), (0, Reason::LowestCost));
     }
 
@@ -85,7 +97,7 @@ mod tests {
         let costs = [(0, 1.0), (1, 1.1)];
         let mut seen = [0; 2];
         for _ in 0..2000 {
-            seen[pick_cost(&costs, Selection::Softmax, 0.0, 0.1, &mut rng).unwrap().0] += 1;
+            seen[pick_cost(&costs, Selection::Softmax, 0.0, 0.1, &mut rng, |_| 0).unwrap().0] += 1;
         }
         assert!(seen[0] > seen[1] && seen[1] > 200, "{seen:?}");
     }
@@ -100,6 +112,24 @@ mod tests {
         }
         assert_eq!(seen[0], 0);
         assert!(seen[1] > 100 && seen[2] > 100);
-        assert_eq!(pick_cost(&[], Selection::Epsilon, 0.1, 0.1, &mut rng), None);
+        assert_eq!(pick_cost(&[], Selection::Epsilon, 0.1, 0.1, &mut rng, |_| 0), None);
+    }
+
+    #[test]
+    fn rotate_takes_the_near_tie_chosen_longest_ago() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let costs = [(0, 1.0), (1, 1.01), (2, 2.0), (3, 1.02)];
+        let mut last = [0u64; 4];
+        let mut seen = Vec::new();
+        for n in 1..=6 {
+            let (i, _) =
+                pick_cost(&costs, Selection::Rotate, 0.05, 0.1, &mut rng, |i| last[i]).unwrap();
+            last[i] = n;
+            seen.push(i);
+        }
+        // Never the clear loser; the three near-ties in turn.
+        assert_eq!(seen, [0, 1, 3, 0, 1, 3]);
+        let (i, r) = pick_cost(&costs, Selection::Rotate, 0.0, 0.1, &mut rng, |i| last[i]).unwrap();
+        assert_eq!((i, r), (0, Reason::LowestCost));
     }
 }

@@ -6,6 +6,7 @@ mod config_file;
 mod events_tail;
 mod replay_cmd;
 mod replay_live;
+mod replay_suite;
 mod serve_cmd;
 mod sim_cmd;
 mod tokenize_cmd;

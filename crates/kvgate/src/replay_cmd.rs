@@ -11,8 +11,8 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvgate_replay::{
     detect_format, find_load_levels, oracle_hit_rates, parse_messages, parse_mooncake,
-    render_table, run_matrix, write_plots, FleetSpec, Report, RunOptions, SyntheticSpec,
-    TraceFormat, Workload, WorkloadInfo,
+    render_table, run_matrix, write_plots, FleetSpec, FloorModel, Report, RunOptions,
+    SyntheticSpec, TraceFormat, Workload, WorkloadInfo,
 };
 use kvgate_router::{PolicyKind, RouterConfig};
 
@@ -46,7 +46,7 @@ pub(crate) enum Format {
 /// `kvgate replay`. The default fleet is issue 7's acceptance fleet: 8
 /// replicas of the calibrated Qwen3-32B preset, 16-token blocks, GPU blocks
 /// derived from the model's KV bytes per token (docs/sim.md), a CPU tier of 4×.
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub(crate) struct ReplayArgs {
     /// fast: virtual time, in process (default); live: real time over HTTP through
     /// kvgate and `kvgate sim` processes (or a running kvgate, --target), engines at --speedup.
@@ -172,6 +172,16 @@ pub(crate) struct ReplayArgs {
     /// the spawned kvgate instances.
     #[arg(long = "set", value_name = "router.KEY=VALUE")]
     pub(crate) set: Vec<String>,
+    /// Run issue 18's acceptance suite instead of one workload: both Mooncake traces
+    /// (from --suite-traces), synthetic chat, agentic and noreuse, each at least_load's
+    /// --levels found by `--sweep-rate auto`, every --policies entry; prints one
+    /// scoreboard of ratios to the best policy (--json: every report and the scoreboard).
+    #[arg(long, conflicts_with_all = ["trace", "workload", "sweep_rate", "target"])]
+    pub(crate) suite: bool,
+    /// Directory holding mooncake_conversation_trace.jsonl and
+    /// mooncake_synthetic_trace.jsonl for --suite.
+    #[arg(long, value_name = "DIR", default_value = "../shared/traces")]
+    pub(crate) suite_traces: PathBuf,
 }
 
 /// The router configuration with `--set` applied (only `router.` keys).
@@ -217,7 +227,7 @@ fn parse_list(s: &str, what: &str) -> anyhow::Result<Vec<f64>> {
         .collect()
 }
 
-fn load_workload(args: &ReplayArgs) -> anyhow::Result<Workload> {
+pub(crate) fn load_workload(args: &ReplayArgs) -> anyhow::Result<Workload> {
     let mut w = match (&args.trace, &args.workload) {
         (Some(path), _) => {
             let text = std::fs::read_to_string(path)
@@ -309,6 +319,9 @@ fn progress_bar(len: u64, what: &str) -> ProgressBar {
 }
 
 pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
+    if args.suite {
+        return crate::replay_suite::run_suite(args);
+    }
     if args.mode == Mode::Fast && args.speedup.is_some() {
         eprintln!("kvgate replay: --speedup applies to live mode; fast mode runs in virtual time");
     }
@@ -319,8 +332,32 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     if args.mode == Mode::Fast && setups != [(1, true)] {
         bail!("--ingresses needs --mode live");
     }
-    let policies: Vec<PolicyKind> = args
-        .policies
+    let policies = parse_policies(&args.policies)?;
+    let workload = load_workload(args)?;
+    let report = replay_workload(args, &workload, &policies, &setups)?;
+    let table = render_table(&report);
+    match &args.json {
+        Some(p) if p.as_os_str() == "-" => {
+            eprint!("{table}");
+            println!("{}", report.to_json());
+        }
+        Some(p) => {
+            print!("{table}");
+            std::fs::write(p, report.to_json() + "\n")
+                .with_context(|| format!("writing {}", p.display()))?;
+        }
+        None => print!("{table}"),
+    }
+    if let Some(dir) = &args.plots {
+        let files = write_plots(dir, &report)?;
+        eprintln!("kvgate replay: wrote {} charts into {}", files.len(), dir.display());
+    }
+    Ok(())
+}
+
+/// The policies of `--policies`.
+pub(crate) fn parse_policies(list: &str) -> anyhow::Result<Vec<PolicyKind>> {
+    let policies: Vec<PolicyKind> = list
         .split(',')
         .filter(|p| !p.trim().is_empty())
         .map(|p| p.trim().parse::<PolicyKind>())
@@ -328,8 +365,17 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     if policies.is_empty() {
         bail!("--policies names no policy");
     }
+    Ok(policies)
+}
+
+/// Replays one workload at the levels `args` asks for, under every policy.
+pub(crate) fn replay_workload(
+    args: &ReplayArgs,
+    workload: &Workload,
+    policies: &[PolicyKind],
+    setups: &[(usize, bool)],
+) -> anyhow::Result<Report> {
     let fleet = fleet_spec(args)?;
-    let workload = load_workload(args)?;
     let jobs = args
         .jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -338,10 +384,15 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let opts = RunOptions { fleet: fleet.clone(), router, seed: args.seed, jobs };
     let n = workload.requests.len() as u64;
 
+    let floor = FloorModel {
+        timing: fleet.engine.timing.clone(),
+        max_num_batched_tokens: fleet.engine.max_num_batched_tokens,
+    };
     let bounds = oracle_hit_rates(
-        &workload,
+        workload,
         fleet.engine.block_size as usize,
         fleet.total_blocks() as usize,
+        Some(&floor),
     );
     let (scales, levels) = match args.sweep_rate.as_deref() {
         Some("auto") if args.mode == Mode::Live => {
@@ -355,7 +406,7 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
                 pb.inc(k);
             };
             let search = find_load_levels(
-                &workload,
+                workload,
                 &opts,
                 &targets,
                 args.unloaded_rate_scale,
@@ -378,7 +429,7 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     let runs = match args.mode {
         Mode::Fast => {
             let inc = |k: u64| pb.inc(k);
-            run_matrix(&workload, &policies, &scales, &opts, bounds, &inc)?
+            run_matrix(workload, policies, &scales, &opts, bounds, &inc)?
         }
         Mode::Live => {
             if args.target.is_some() && policies.len() != 1 {
@@ -399,12 +450,12 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
             let label = setups.len() > 1 || setups.iter().any(|s| s.0 > 1);
             let mut runs = Vec::new();
             for &scale in &scales {
-                for policy in &policies {
-                    for &(ingresses, peer_sharing) in &setups {
+                for policy in policies {
+                    for &(ingresses, peer_sharing) in setups {
                         let base = pb.position();
                         let set = |k: u64| pb.set_position(base + k);
                         let run = LiveRun {
-                            workload: &workload,
+                            workload,
                             spec: &fleet,
                             policy: policy.name(),
                             seed: args.seed,
@@ -426,30 +477,12 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     };
     pb.finish_and_clear();
 
-    let report = Report::new(
+    Ok(Report::new(
         args.seed,
-        WorkloadInfo::of(&workload),
+        WorkloadInfo::of(workload),
         &fleet,
         (bounds.oracle, bounds.ceiling),
         levels,
         runs,
-    );
-    let table = render_table(&report);
-    match &args.json {
-        Some(p) if p.as_os_str() == "-" => {
-            eprint!("{table}");
-            println!("{}", report.to_json());
-        }
-        Some(p) => {
-            print!("{table}");
-            std::fs::write(p, report.to_json() + "\n")
-                .with_context(|| format!("writing {}", p.display()))?;
-        }
-        None => print!("{table}"),
-    }
-    if let Some(dir) = &args.plots {
-        let files = write_plots(dir, &report)?;
-        eprintln!("kvgate replay: wrote {} charts into {}", files.len(), dir.display());
-    }
-    Ok(())
+    ))
 }

@@ -675,6 +675,7 @@ fn summarise(
         ceiling_hit_rate: bounds.ceiling,
         hit_rate_vs_oracle: ratio(hit_rate, bounds.oracle),
         first_admission_vs_oracle: ratio(first_admission, bounds.oracle),
+        ttft_floor_ms: bounds.ttft_floor_ms,
         load_imbalance: max_over_mean(&prefill),
         request_imbalance: max_over_mean(
             &replica_requests.iter().map(|&r| r as f64).collect::<Vec<_>>(),

@@ -213,9 +213,75 @@ fn help_documents_every_flag() {
         "--api-key",
         "--max-in-flight",
         "--model",
+        "--set",
+        "--suite",
+        "--suite-traces",
     ] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
+}
+
+/// `--suite` on stand-in traces (the fixture under both names): five
+/// reports, one scoreboard row per workload and level, ratios to the best
+/// policy, and a TTFT floor no policy beats.
+#[test]
+fn the_suite_scores_every_workload_and_level_against_the_best_policy() {
+    let dir = scratch("suite");
+    for name in ["mooncake_conversation_trace.jsonl", "mooncake_synthetic_trace.jsonl"] {
+        std::fs::copy(fixture(), dir.join(name)).unwrap();
+    }
+    let json = dir.join("suite.json");
+    let out = kvgate(&[
+        "--suite",
+        "--suite-traces",
+        dir.to_str().unwrap(),
+        "--limit",
+        "60",
+        "--replicas",
+        "2",
+        "--policies",
+        "kv_aware,least_load",
+        "--levels",
+        "2",
+        "--bisect-iterations",
+        "2",
+        "--set",
+        "router.cost.work_weight=2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(table.contains("ttft_vs_floor") && table.contains("synthetic:noreuse"), "{table}");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let reports = doc["reports"].as_array().unwrap();
+    assert_eq!(reports.len(), 5);
+    for r in reports {
+        for run in r["runs"].as_array().unwrap() {
+            let floor = run["ttft_floor_ms"].as_f64().unwrap();
+            let mean = run["ttft_ms"]["mean"].as_f64().unwrap();
+            assert!(floor > 0.0 && floor <= mean + 1e-9, "floor {floor} above mean {mean}: {run}");
+        }
+    }
+    let board = doc["scoreboard"].as_array().unwrap();
+    assert_eq!(board.len(), 5, "one level per workload");
+    for level in board {
+        let policies = level["policies"].as_array().unwrap();
+        assert_eq!(policies.len(), 2);
+        // The best policy's mean TTFT ratio is 1, the other's at least 1.
+        let ratios: Vec<f64> =
+            policies.iter().map(|p| p["metrics"][0][2].as_f64().unwrap()).collect();
+        assert_eq!(p_min(&ratios), 1.0, "{level}");
+        assert!(ratios.iter().all(|r| *r >= 1.0), "{level}");
+    }
+    // A router setting that is not a router key is refused.
+    let bad = kvgate(&["--workload", "synthetic:noreuse", "--set", "model.served_name=x"]);
+    assert!(!bad.status.success());
+    assert!(text(&bad.stderr).contains("router settings only"), "{}", text(&bad.stderr));
+}
+
+fn p_min(xs: &[f64]) -> f64 {
+    xs.iter().copied().fold(f64::INFINITY, f64::min)
 }
 
 /// Live mode end to end: a fresh `kvgate sim` fleet and `kvgate serve` per
