@@ -10,7 +10,14 @@
 //! 20 µs without the index lookup, and within the index's own 20 µs lookup
 //! target with it.
 //!
-//! `cargo run --release -p kvgate-router --example decide_latency [-- DECISIONS]`
+//! Issue 18 adds long prompts and large fleets (the same construction, one
+//! replica holding each prompt whole): 2,048 and 8,192 blocks on 64
+//! replicas, and 256 blocks on 1,024 replicas. Targets, p99 of `kv_aware`
+//! with matches given: ≤ 20 µs, ≤ 50 µs and ≤ 30 µs.
+//!
+//! `cargo run --release -p kvgate-router --example decide_latency [-- DECISIONS [SHAPES]]`
+//! where SHAPES is a comma-separated list of `REPLICASxBLOCKS` (default
+//! `64x256,64x2048,64x8192,1024x256`).
 //!
 //! The workload is `benches/support/workload.rs`, shared with the bench.
 
@@ -97,28 +104,40 @@ fn run(w: &Workload, s: Scenario, decisions: usize) -> Row {
 }
 
 fn main() {
-    let decisions: usize = std::env::args().nth(1).map_or(200_000, |a| a.parse().unwrap());
+    let mut args = std::env::args().skip(1);
+    let decisions: usize = args.next().map_or(200_000, |a| a.parse().unwrap());
+    let shapes = args.next().unwrap_or_else(|| "64x256,64x2048,64x8192,1024x256".to_owned());
+    for shape in shapes.split(',') {
+        let (r, b) = shape.split_once('x').expect("a shape is REPLICASxBLOCKS");
+        shape_rows(r.parse().unwrap(), b.parse().unwrap(), decisions);
+    }
+}
+
+fn shape_rows(replicas: usize, prompt_blocks: usize, decisions: usize) {
     let started = Instant::now();
-    let w = workload();
+    let w = workload_shaped(replicas, prompt_blocks);
     let pairs: u64 = w.ids.iter().map(|&id| w.index.blocks_held(id, Tier::Gpu).unwrap()).sum();
     let (mut cold, mut partial, mut full) = (0usize, 0usize, 0usize);
     for m in w.matches.iter().flatten() {
         match m.total as usize {
             0 => cold += 1,
-            PROMPT_BLOCKS => full += 1,
+            x if x == prompt_blocks => full += 1,
             _ => partial += 1,
         }
     }
     let per = |x: usize| x as f64 / PROMPTS as f64;
     println!(
-        "fleet: {REPLICAS} replicas, {pairs} (block, replica) pairs, {PROMPTS} prompts of \
-         {PROMPT_BLOCKS} blocks; per prompt {:.1} cold, {:.1} partial, {:.1} full replicas; \
+        "\nfleet: {replicas} replicas, {pairs} (block, replica) pairs, {PROMPTS} prompts of \
+         {prompt_blocks} blocks; per prompt {:.1} cold, {:.1} partial, {:.1} full replicas; \
          built in {:?}",
         per(cold),
         per(partial),
         per(full),
         started.elapsed()
     );
+    // Long prompts and large fleets: fewer decisions keep a row short.
+    let work = (replicas * prompt_blocks) as f64 / (64.0 * 256.0);
+    let decisions = ((decisions as f64 / work.max(1.0)) as usize).max(2_000);
     let scenarios = [
         Scenario::Matches(PolicyKind::KvAware, 256),
         Scenario::Matches(PolicyKind::KvAware, 0),

@@ -214,5 +214,11 @@ mod tests {
         assert_eq!(r(decode_delay_charge(&c, &a, 30)), 0.0188);
         assert_eq!(r(decode_delay_charge(&c, &b, 10)), 0.0063);
         assert_eq!(decode_delay_charge(&c, &cold, 0), 0.0);
+        // The costs as the decision sums them (the table's last row).
+        let total = |p: &Prediction, d| p.cost + decode_delay_charge(&c, p, d);
+        assert_eq!(
+            [r(total(&a, 30)), r(total(&b, 10)), r(total(&cold, 0))],
+            [0.9583, 0.1871, 0.2885]
+        );
     }
 }

@@ -120,14 +120,16 @@ impl Router {
     ) -> Decision {
         let policy = self.config.policy;
         let mut cands = std::mem::take(&mut self.scratch_cands);
-        let mut preds: Vec<(Prediction, SampleBasis, u64)> = Vec::with_capacity(self.order.len());
+        let mut preds = std::mem::take(&mut self.scratch_preds);
+        preds.clear();
         cands.clear();
         self.gather(req, matches, now, &mut cands, &mut preds);
 
         let usable = |c: &Candidate| c.health != Health::Down && !req.exclude.contains(&c.replica);
         let routable = cands.iter().filter(|c| usable(c)).count();
-        let eligible: Vec<usize> =
-            (0..cands.len()).filter(|&i| usable(&cands[i]) && !cands[i].busy).collect();
+        let mut eligible = std::mem::take(&mut self.scratch_eligible);
+        eligible.clear();
+        eligible.extend((0..cands.len()).filter(|&i| usable(&cands[i]) && !cands[i].busy));
         let outcome = if routable == 0 {
             Err((Reason::NoReplica, RejectReason::NoReplica))
         } else if eligible.is_empty() {
@@ -215,6 +217,8 @@ impl Router {
             }
         };
         self.scratch_cands = cands;
+        self.scratch_preds = preds;
+        self.scratch_eligible = eligible;
         decision
     }
 

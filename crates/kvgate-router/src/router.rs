@@ -69,6 +69,8 @@ pub struct Router {
     pub(crate) scratch_cands: Vec<Candidate>,
     pub(crate) scratch_costs: Vec<(usize, f64)>,
     pub(crate) scratch_approx: Vec<u32>,
+    pub(crate) scratch_preds: Vec<(crate::cost::Prediction, crate::calibrate::SampleBasis, u64)>,
+    pub(crate) scratch_eligible: Vec<usize>,
     /// With peers: the tentative blocks of local decisions, for peers
     /// (`None` when not sharing). Bounded; overflow is counted.
     pub(crate) tentative_outbox: Option<Vec<(ReplicaId, Vec<BlockKey>)>>,
@@ -111,6 +113,8 @@ impl Router {
             scratch_cands: Vec::new(),
             scratch_costs: Vec::new(),
             scratch_approx: Vec::new(),
+            scratch_preds: Vec::new(),
+            scratch_eligible: Vec::new(),
             tentative_outbox: None,
             tentative_outbox_dropped: 0,
             last_chosen: Vec::new(),
@@ -205,9 +209,13 @@ impl Router {
     }
 
     /// The engine's last report if it is fresh at `now`.
-    pub(crate) fn fresh_report(&self, r: &RouterReplica, now: Instant) -> Option<EngineReport> {
+    pub(crate) fn fresh_report<'r>(
+        &self,
+        r: &'r RouterReplica,
+        now: Instant,
+    ) -> Option<&'r EngineReport> {
         let max_age = Duration::from_millis(self.config.report_max_age_ms);
-        r.report.filter(|rep| now.saturating_duration_since(rep.at) <= max_age)
+        r.report.as_ref().filter(|rep| now.saturating_duration_since(rep.at) <= max_age)
     }
 
     /// The ledger's view of a replica's load and calibration.

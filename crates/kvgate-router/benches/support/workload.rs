@@ -32,9 +32,20 @@ pub(crate) struct Workload {
     pub(crate) matches: Vec<Vec<PrefixMatch>>,
     pub(crate) sessions: Vec<String>,
     pub(crate) start: Instant,
+    /// Replicas, and blocks per prompt, of this shape.
+    pub(crate) replicas: usize,
+    pub(crate) prompt_blocks: usize,
 }
 
+/// The bench's shape: 64 replicas, 256-block prompts.
 pub(crate) fn workload() -> Workload {
+    workload_shaped(REPLICAS, PROMPT_BLOCKS)
+}
+
+/// The same construction with `replicas` replicas and prompts of
+/// `prompt_blocks` blocks (a family prefix of at most 255 blocks, then the
+/// prompt's own tokens; one replica holds each prompt whole).
+pub(crate) fn workload_shaped(replicas: usize, prompt_blocks: usize) -> Workload {
     let families: Vec<Vec<u32>> = (0..FAMILIES as u64).map(fleet::family_tokens).collect();
     let bs = fleet::BLOCK_SIZE;
     // Prompt p: family p % 16 to a depth of 64..=255 blocks, then unique
@@ -42,15 +53,15 @@ pub(crate) fn workload() -> Workload {
     let mut rng = fleet::Rng(0xdec1de);
     let prompt_tokens: Vec<Vec<u32>> = (0..PROMPTS)
         .map(|p| {
-            let depth = 64 + rng.below(192) as usize;
+            let depth = (64 + rng.below(192) as usize).min(prompt_blocks);
             let mut t = families[p % FAMILIES][..depth * bs].to_vec();
-            t.extend(rng.tokens((PROMPT_BLOCKS - depth) * bs + 4));
+            t.extend(rng.tokens((prompt_blocks - depth) * bs + 4));
             t
         })
         .collect();
     let start = Instant::now();
     let mut index = Index::new();
-    let ids: Vec<ReplicaId> = (0..REPLICAS)
+    let ids: Vec<ReplicaId> = (0..replicas)
         .map(|r| index.add_replica(ReplicaSpec::new(format!("r{r}"), 0, bs as u32)).unwrap())
         .collect();
     for (r, &id) in ids.iter().enumerate() {
@@ -62,7 +73,7 @@ pub(crate) fn workload() -> Workload {
             }
         };
         // The whole of one prompt.
-        for p in (0..PROMPTS).filter(|p| p % REPLICAS == r) {
+        for p in (0..PROMPTS).filter(|p| p % replicas == r) {
             store(&mut index, &prompt_tokens[p]);
         }
         // Prefixes of a few families, each at two depths.
@@ -97,10 +108,12 @@ pub(crate) fn workload() -> Workload {
         index,
         ids,
         prompts,
-        prompt_tokens: (PROMPT_BLOCKS * bs + 4) as u64,
+        prompt_tokens: (prompt_blocks * bs + 4) as u64,
         matches,
         sessions: (0..PROMPTS).map(|p| format!("session-{p}")).collect(),
         start,
+        replicas,
+        prompt_blocks,
     }
 }
 
