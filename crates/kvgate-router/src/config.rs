@@ -294,7 +294,7 @@ impl Default for RouterConfig {
         RouterConfig {
             policy: PolicyKind::KvAware,
             selection: Selection::Rotate,
-            epsilon: 0.05,
+            epsilon: 0.1,
             temperature: 0.05,
             seed: None,
             cost: CostModelConfig::default(),
