@@ -503,11 +503,10 @@ fn new_sessions_spread_while_continuing_sessions_stick() {
          without the decode-delay charge: stick {stick0:.3}, {on0:?}, p50 {p50_0:.3}s p90 {p90_0:.3}s"
     );
     assert!(stick >= 0.9, "continuing turns moved: {stick:.3} stayed");
-    // Without the charge nearly every new session lands on one replica (the
-    // one whose decodes happen to be fewest when each arrives, and then the
-    // warmest). With it they spread, within 1.5× of an even share; one
-    // replica still gets few, since the shared prompt is warm elsewhere and
-    // nothing yet charges a session's later turns (docs/routing.md).
+    // Without the charge new sessions pile onto the replicas that hold the
+    // shared prompt (15/9/0/0 when written); with it they spread, within
+    // 1.5× of an even share (7/7/6/4). Nothing yet charges a session's later
+    // turns, so the replica that warmed last still gets the fewest.
     let even = SESSIONS as f64 / 4.0;
     let hi = *on.iter().max().unwrap() as f64;
     let hi0 = *on0.iter().max().unwrap() as f64;
