@@ -9,37 +9,59 @@ use serde::Serialize;
 use crate::metrics::RunSummary;
 use crate::report::Report;
 
-/// Metrics the table shows as values (ratios to a physical bound already)
-/// rather than as ratios to the best policy.
-const ABSOLUTE: [&str; 2] = ["hit_vs_oracle", "ttft_vs_floor"];
-
-/// The metrics scored, each with what "best" means for it.
-const METRICS: [(&str, Better); 6] = [
-    ("ttft_mean", Better::Lower),
-    ("ttft_p90", Better::Lower),
-    ("itl_mean", Better::Lower),
-    ("e2e_mean", Better::Lower),
-    ("hit_vs_oracle", Better::Higher),
-    ("ttft_vs_floor", Better::Lower),
-];
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Better {
-    Lower,
-    Higher,
+/// One scored metric.
+struct Metric {
+    name: &'static str,
+    /// Higher is better (else lower).
+    higher_is_better: bool,
+    /// Shown as its value (already a ratio to a physical bound) rather than
+    /// as a ratio to the best policy.
+    absolute: bool,
+    get: fn(&RunSummary) -> Option<f64>,
 }
 
-fn metric(r: &RunSummary, name: &str) -> Option<f64> {
-    let x = match name {
-        "ttft_mean" => r.ttft_ms.mean,
-        "ttft_p90" => r.ttft_ms.p90,
-        "itl_mean" => r.itl_ms.mean,
-        "e2e_mean" => r.e2e_ms.mean,
-        "hit_vs_oracle" => r.hit_rate_vs_oracle,
-        "ttft_vs_floor" => r.ttft_ms.mean / r.ttft_floor_ms.filter(|f| *f > 0.0)?,
-        _ => return None,
-    };
-    x.is_finite().then_some(x)
+/// The metrics scored, in table order.
+const METRICS: [Metric; 6] = [
+    Metric {
+        name: "ttft_mean",
+        higher_is_better: false,
+        absolute: false,
+        get: |r| Some(r.ttft_ms.mean),
+    },
+    Metric {
+        name: "ttft_p90",
+        higher_is_better: false,
+        absolute: false,
+        get: |r| Some(r.ttft_ms.p90),
+    },
+    Metric {
+        name: "itl_mean",
+        higher_is_better: false,
+        absolute: false,
+        get: |r| Some(r.itl_ms.mean),
+    },
+    Metric {
+        name: "e2e_mean",
+        higher_is_better: false,
+        absolute: false,
+        get: |r| Some(r.e2e_ms.mean),
+    },
+    Metric {
+        name: "hit_vs_oracle",
+        higher_is_better: true,
+        absolute: true,
+        get: |r| Some(r.hit_rate_vs_oracle),
+    },
+    Metric {
+        name: "ttft_vs_floor",
+        higher_is_better: false,
+        absolute: true,
+        get: |r| Some(r.ttft_ms.mean / r.ttft_floor_ms.filter(|f| *f > 0.0)?),
+    },
+];
+
+fn metric(r: &RunSummary, m: &Metric) -> Option<f64> {
+    (m.get)(r).filter(|x| x.is_finite())
 }
 
 /// One policy at one level: its value and ratio to the best, per metric.
@@ -82,11 +104,12 @@ pub fn scoreboard(reports: &[Report]) -> Vec<LevelScore> {
                 .and_then(|l| l.levels.iter().find(|x| x.rate_scale == scale).map(|x| x.target));
             let best: Vec<Option<f64>> = METRICS
                 .iter()
-                .map(|&(name, better)| {
-                    let vals = runs.iter().filter_map(|r| metric(r, name));
-                    match better {
-                        Better::Lower => vals.reduce(f64::min),
-                        Better::Higher => vals.reduce(f64::max),
+                .map(|m| {
+                    let vals = runs.iter().filter_map(|r| metric(r, m));
+                    if m.higher_is_better {
+                        vals.reduce(f64::max)
+                    } else {
+                        vals.reduce(f64::min)
                     }
                 })
                 .collect();
@@ -97,13 +120,13 @@ pub fn scoreboard(reports: &[Report]) -> Vec<LevelScore> {
                     metrics: METRICS
                         .iter()
                         .zip(&best)
-                        .map(|(&(name, _), b)| {
-                            let v = metric(r, name);
+                        .map(|(m, b)| {
+                            let v = metric(r, m);
                             let ratio = match (v, b) {
                                 (Some(v), Some(b)) if *b > 0.0 => Some(v / b),
                                 _ => None,
                             };
-                            (name.to_owned(), v, ratio)
+                            (m.name.to_owned(), v, ratio)
                         })
                         .collect(),
                     unserved: r.unserved,
@@ -125,8 +148,8 @@ pub fn scoreboard(reports: &[Report]) -> Vec<LevelScore> {
 pub fn render_scoreboard(levels: &[LevelScore]) -> String {
     let mut s = String::new();
     let _ = write!(s, "{:<34} {:>5} {:>7} {:<15}", "workload", "level", "rate x", "policy");
-    for (name, _) in METRICS {
-        let _ = write!(s, " {name:>13}");
+    for m in &METRICS {
+        let _ = write!(s, " {:>13}", m.name);
     }
     let _ = writeln!(s, " {:>5}", "shed");
     for l in levels {
@@ -140,9 +163,9 @@ pub fn render_scoreboard(levels: &[LevelScore]) -> String {
                 l.rate_scale,
                 p.policy
             );
-            for (name, value, ratio) in &p.metrics {
+            for (m, (_, value, ratio)) in METRICS.iter().zip(&p.metrics) {
                 // Bounds are shown as themselves: their targets are absolute.
-                let shown = if ABSOLUTE.contains(&name.as_str()) { value } else { ratio };
+                let shown = if m.absolute { value } else { ratio };
                 match shown {
                     Some(r) => {
                         let _ = write!(s, " {r:>13.3}");

@@ -27,21 +27,17 @@ pub(crate) fn pick_cost(
         return Some((costs[0].0, Reason::Only));
     }
     match selection {
-        Selection::Epsilon => {
+        Selection::Epsilon | Selection::Rotate => {
             // A tiny absolute slack keeps exact ties (zero costs) a tie.
             let band = best + best.abs() * epsilon + 1e-12;
-            let n = costs.iter().filter(|c| c.1 <= band).count();
-            let k = rng.random_range(0..n.max(1));
-            let chosen = costs.iter().filter(|c| c.1 <= band).nth(k)?.0;
-            let reason =
-                if n == 1 { Reason::LowestCost } else { Reason::NearTie { among: n as u32 } };
-            Some((chosen, reason))
-        }
-        Selection::Rotate => {
-            let band = best + best.abs() * epsilon + 1e-12;
-            let near = costs.iter().filter(|c| c.1 <= band);
+            let mut near = costs.iter().filter(|c| c.1 <= band);
             let n = near.clone().count();
-            let chosen = near.min_by_key(|c| last_chosen(c.0))?.0;
+            let chosen = if selection == Selection::Rotate {
+                near.min_by_key(|c| last_chosen(c.0))
+            } else {
+                near.nth(rng.random_range(0..n.max(1)))
+            }?
+            .0;
             let reason =
                 if n == 1 { Reason::LowestCost } else { Reason::NearTie { among: n as u32 } };
             Some((chosen, reason))
