@@ -1,6 +1,9 @@
 //! Streaming an engine's SSE answer to the client chunk by chunk, unbuffered
-//! and unchanged, while a copy of the bytes is parsed to see the first token
-//! (the booking moves to decoding, TTFT is measured) and the end.
+//! and unchanged (the engine's `Bytes` are passed on, never copied). Until
+//! the first token, each event is parsed to see it (the booking moves to
+//! decoding, TTFT is measured); from then on only the framing is scanned,
+//! for the end: decoding every token's event cost more than the rest of the
+//! relay together.
 //!
 //! The stream never ends silently broken: an engine error, a stall longer
 //! than `stream_idle_timeout_ms`, or an end without `[DONE]` appends a
@@ -14,7 +17,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
 use kvgate_openai::sse::{write_done, write_error};
-use kvgate_openai::{ErrorResponse, SseItem, SseParser, StreamTap};
+use kvgate_openai::{ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
 use kvgate_router::{Booking, Outcome};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -33,6 +36,7 @@ pub(crate) struct Relay {
     parser: SseParser,
     items: Vec<SseItem>,
     tap: StreamTap,
+    framing: SseFraming,
     t0: Instant,
     idle: Duration,
     first_seen: bool,
@@ -69,6 +73,7 @@ impl Relay {
             parser: SseParser::new(MAX_EVENT_BYTES),
             items: Vec::new(),
             tap: StreamTap::new(),
+            framing: SseFraming::new(),
             t0,
             idle,
             first_seen: false,
@@ -88,7 +93,7 @@ impl Relay {
                     r.observe(&chunk);
                     Some((Ok(chunk), r))
                 }
-                Ok(None) if r.tap.is_done() => {
+                Ok(None) if r.framing.is_done() => {
                     r.end(Outcome::Finished, None);
                     None
                 }
@@ -115,6 +120,10 @@ impl Relay {
     }
 
     fn observe(&mut self, chunk: &[u8]) {
+        self.framing.feed(chunk);
+        if self.first_seen {
+            return;
+        }
         self.items.clear();
         // A parse failure only stops inspection; the bytes still pass.
         if self.parser.feed(chunk, &mut self.items).is_err() {
@@ -150,7 +159,7 @@ impl Relay {
         tracing::warn!(replica = %self.replica.name, reason, error = %e.error.message, "stream ended with an error");
         let mut out = Vec::new();
         // Terminate a partial event first, so the error parses on its own.
-        if self.parser.buffered_len() > 0 {
+        if self.framing.mid_event() {
             out.extend_from_slice(b"\n\n");
         }
         let _ = write_error(&mut out, &e);

@@ -43,7 +43,7 @@ pub use response::{
     ChatChoice, ChatCompletionResponse, CompletionChoice, CompletionResponse, Envelope,
     PromptTokensDetails, Usage,
 };
-pub use sse::{SseEvent, SseItem, SseParser};
+pub use sse::{SseEvent, SseFraming, SseItem, SseParser};
 pub use stream::{
     summarize_chunk, ChatCompletionChunk, ChatDelta, ChunkSummary, CompletionChunk, Observation,
     StreamTap,

@@ -286,6 +286,20 @@ pub(crate) struct FleetCalibration {
 }
 
 impl FleetCalibration {
+    /// What every replica routes on when calibration is pooled and the fleet
+    /// has engine samples of both kinds: then `ReplicaCalibration::calibrated`
+    /// gives this same value for each of them, so a decision computes it once.
+    pub(crate) fn pooled(&self, cfg: &CalibrationConfig) -> Option<Calibrated> {
+        let pooled =
+            !cfg.per_replica && self.prefill.samples() > 0 && !self.decode_step.window.is_empty();
+        pooled.then(|| Calibrated {
+            prefill_s_per_token: self.prefill.slope(),
+            overhead_s: self.prefill.intercept(),
+            decode_step_s: Some(self.decode_step.estimate()),
+            source: CalibrationSource::Fleet,
+        })
+    }
+
     pub(crate) fn new(prefill_s_per_token: f64, overhead_s: f64, decode_step_s: f64) -> Self {
         FleetCalibration {
             prefill: RobustLine::keeping_slope(prefill_s_per_token, overhead_s),

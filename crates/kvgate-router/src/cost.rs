@@ -95,7 +95,7 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
     let interference_s = if x.decoding > 0 {
         let work = (x.queue_tokens + uncached) as f64;
         let steps = (work / f64::from(x.max_num_batched_tokens.max(1))).max(1.0);
-        let modelled = (c.decode_step_ms + c.decode_per_seq_ms * f64::from(x.decoding)) / 1000.0;
+        let modelled = (c.decode_step_ms + c.decode_per_seq_ms * f64::from(x.decoding)) * 1e-3;
         // The engine's mean inter-token latency includes the prefill chunks
         // that shared the steps, which `queue` and `prefill` already count:
         // it bounds the decode part from above, so it can only lower the
@@ -109,8 +109,12 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
     let overhead_s = x.overhead_s;
     let ttft_s = queue_s + prefill_s + transfer_s + interference_s + overhead_s;
     let pressure_s = if x.kv_capacity_blocks > 0 {
-        let u = (x.kv_used_blocks + x.kv_new_blocks) as f64 / x.kv_capacity_blocks as f64;
-        let over = ((u - c.kv_pressure_start) / (1.0 - c.kv_pressure_start)).max(0.0);
+        // (u - start) / (1 - start) with u = blocks / capacity, as one
+        // division: this runs once per replica per decision.
+        let cap = x.kv_capacity_blocks as f64;
+        let blocks = (x.kv_used_blocks + x.kv_new_blocks) as f64;
+        let start = c.kv_pressure_start;
+        let over = ((blocks - start * cap) / ((1.0 - start) * cap)).max(0.0);
         sigma * c.kv_pressure_tokens * over * over
     } else {
         0.0

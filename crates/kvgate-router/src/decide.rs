@@ -149,8 +149,15 @@ impl Router {
         let poll = Duration::from_millis(self.config.queue_poll_ms);
         let decision = match outcome {
             Ok(Some((i, reason))) => {
-                let (pred, basis, blocks) = preds[i];
-                let c = cands[i];
+                let (pred, c) = (preds[i], cands[i]);
+                let cached = c.overlap_blocks.iter().sum::<u32>() + c.tentative_blocks;
+                let basis = SampleBasis {
+                    prefill_tokens: c.pending_prefill_tokens + pred.uncached_tokens,
+                    lower_blocks: [c.overlap_blocks[1], c.overlap_blocks[2]],
+                    other_s: pred.interference_s,
+                };
+                let block_size = self.block_size(c.replica);
+                let blocks = new_blocks(req, cached, block_size, self.output_tokens(req));
                 let id = lock(&self.books).book_local(
                     c.replica,
                     pred.uncached_tokens,
@@ -159,7 +166,6 @@ impl Router {
                     now,
                 );
                 let booking = Booking::new(self.books.clone(), id, c.replica);
-                let cached = c.overlap_blocks.iter().sum::<u32>() + c.tentative_blocks;
                 if policy == PolicyKind::KvAware && c.health == Health::Healthy {
                     let from = (cached as usize).min(req.keys.len());
                     self.tentative.add(c.replica, &req.keys[from..], now);
@@ -229,15 +235,17 @@ impl Router {
         matches: &[PrefixMatch],
         now: Instant,
         cands: &mut Vec<Candidate>,
-        preds: &mut Vec<(Prediction, SampleBasis, u64)>,
+        preds: &mut Vec<Prediction>,
     ) {
         let cfg = &self.config;
         let books = lock(&self.books);
         let avg_tokens = books.avg_prefill_tokens();
-        let out_tokens = u64::from(req.max_output_tokens.unwrap_or(cfg.cost.default_output_tokens));
+        let out_tokens = self.output_tokens(req);
+        let stale_before = self.stale_before(now);
+        let pooled = books.pooled_calibration();
         for &id in &self.order {
             let Some(r) = self.replicas.get(id.index()).and_then(Option::as_ref) else { continue };
-            let Some(view) = books.view(id) else { continue };
+            let Some(view) = books.route_view(id, pooled.as_ref()) else { continue };
             let mut m = matches.get(id.index()).copied().unwrap_or_default();
             if r.health != Health::Healthy {
                 // A view being rebuilt is not evidence of cached blocks.
@@ -248,17 +256,15 @@ impl Router {
             } else {
                 0
             };
-            let report = self.fresh_report(r, now);
+            let report = Router::fresh_report(r, stale_before);
             let queue_tokens = view.load.pending_prefill_tokens
                 + (f64::from(view.external_waiting) * avg_tokens) as u64;
             let decoding = view.load.decoding_requests
                 + view.external_requests.saturating_sub(view.external_waiting);
-            let bs = u64::from(r.info.block_size);
             let cap = r.info.capacity_blocks[0];
             let reported_used = report.map_or(0, |rep| (rep.kv_usage.max(0.0) * cap as f64) as u64);
             let cached_blocks = m.total + tentative;
-            let uncached = req.prompt_tokens.saturating_sub(u64::from(cached_blocks) * bs);
-            let new_blocks = (uncached + out_tokens).div_ceil(bs);
+            let new_blocks = new_blocks(req, cached_blocks, r.info.block_size, out_tokens);
             let x = CostInputs {
                 prompt_tokens: req.prompt_tokens,
                 block_size: r.info.block_size,
@@ -270,10 +276,14 @@ impl Router {
                 kv_new_blocks: new_blocks,
                 kv_capacity_blocks: cap,
                 max_num_batched_tokens: r.info.max_num_batched_tokens,
-                prefill_s_per_token: view.prefill_s_per_token,
-                overhead_s: view.overhead_s,
-                transfer_s_per_block: view.transfer_s_per_block,
-                decode_step_s: view.decode_step_s,
+                prefill_s_per_token: view.cal.prefill_s_per_token,
+                overhead_s: view.cal.overhead_s,
+                transfer_s_per_block: if m.cpu > 0 || m.storage > 0 {
+                    view.transfer_s_per_block()
+                } else {
+                    [0.0; 2]
+                },
+                decode_step_s: view.cal.decode_step_s,
             };
             let pred = predict(&cfg.cost, &x);
             let busy_tokens = cfg.busy_pending_tokens > 0 && queue_tokens > cfg.busy_pending_tokens;
@@ -292,23 +302,28 @@ impl Router {
                 predicted_ttft_s: pred.ttft_s,
                 score: pred.cost,
             });
-            let basis = SampleBasis {
-                prefill_tokens: queue_tokens + pred.uncached_tokens,
-                lower_blocks: [m.cpu, m.storage],
-                other_s: pred.interference_s,
-            };
-            preds.push((pred, basis, new_blocks));
+            preds.push(pred);
         }
         // The fleet-work charge (relative to the best placement) and the
         // decode-delay charge (cost.rs).
-        let floor = preds.iter().map(|(p, ..)| p.uncached_tokens).min().unwrap_or(0);
-        for (c, (p, ..)) in cands.iter_mut().zip(preds.iter_mut()) {
+        let floor = preds.iter().map(|p| p.uncached_tokens).min().unwrap_or(0);
+        for (c, p) in cands.iter_mut().zip(preds.iter_mut()) {
             let busy = c.pending_prefill_tokens > 0 || c.decoding > 0;
             let w = work_charge(&cfg.cost, p, floor, busy)
                 + decode_delay_charge(&cfg.cost, p, c.decoding);
             p.cost += w;
             c.score += w;
         }
+    }
+
+    /// Output tokens a request is expected to produce.
+    fn output_tokens(&self, req: &RouteRequest<'_>) -> u64 {
+        u64::from(req.max_output_tokens.unwrap_or(self.config.cost.default_output_tokens))
+    }
+
+    /// A registered replica's block size (1 if it is gone).
+    fn block_size(&self, id: ReplicaId) -> u32 {
+        self.replicas.get(id.index()).and_then(Option::as_ref).map_or(1, |r| r.info.block_size)
     }
 
     fn log_decision(
@@ -335,4 +350,12 @@ impl Router {
         self.log.push(e.clone());
         Some(e)
     }
+}
+
+/// KV blocks a request adds on a replica that holds `cached_blocks` of its
+/// prefix: its uncached prompt plus its expected output.
+fn new_blocks(req: &RouteRequest<'_>, cached_blocks: u32, block_size: u32, out_tokens: u64) -> u64 {
+    let bs = u64::from(block_size.max(1));
+    let uncached = req.prompt_tokens.saturating_sub(u64::from(cached_blocks) * bs);
+    (uncached + out_tokens).div_ceil(bs)
 }

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use kvgate_index::ReplicaId;
 use rustc_hash::FxHashMap;
 
-use crate::calibrate::{CalibrationSource, FleetCalibration, ReplicaCalibration, SampleBasis};
+use crate::calibrate::{
+    Calibrated, CalibrationSource, FleetCalibration, ReplicaCalibration, SampleBasis,
+};
 use crate::config::RouterConfig;
 use crate::replica::EngineReport;
 
@@ -194,6 +196,23 @@ struct ReplicaBooks {
     reconcile: Reconcile,
 }
 
+/// What one decision reads of one candidate (`Books::route_view`).
+pub(crate) struct RouteView<'a> {
+    pub(crate) load: ReplicaLoad,
+    pub(crate) external_requests: u32,
+    pub(crate) external_waiting: u32,
+    pub(crate) cal: Calibrated,
+    calibration: &'a ReplicaCalibration,
+}
+
+impl RouteView<'_> {
+    /// Seconds per block from CPU and from storage; read only for a
+    /// candidate that would load blocks from them.
+    pub(crate) fn transfer_s_per_block(&self) -> [f64; 2] {
+        [self.calibration.cpu.estimate(), self.calibration.storage.estimate()]
+    }
+}
+
 /// Per-replica view exported for decisions and explanations.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct LoadView {
@@ -338,6 +357,34 @@ impl Books {
             calibration_samples: r.calibration.samples(),
             calibration_source: cal.source,
             decode_step_s: cal.decode_step_s,
+        })
+    }
+
+    /// The pooled calibration, when every replica routes on it
+    /// (`FleetCalibration::pooled`).
+    pub(crate) fn pooled_calibration(&self) -> Option<Calibrated> {
+        self.fleet_calibration.pooled(&self.config.calibration)
+    }
+
+    /// The part of `view` a decision reads for every candidate, with the
+    /// pooled calibration passed in when there is one (one lookup per
+    /// decision instead of one per replica; large fleets pay per replica).
+    pub(crate) fn route_view(
+        &self,
+        id: ReplicaId,
+        pooled: Option<&Calibrated>,
+    ) -> Option<RouteView<'_>> {
+        let r = self.replicas.get(id.index())?.as_ref()?;
+        let cal = match pooled {
+            Some(c) => *c,
+            None => r.calibration.calibrated(&self.fleet_calibration, &self.config.calibration),
+        };
+        Some(RouteView {
+            load: r.load,
+            external_requests: r.reconcile.external_requests,
+            external_waiting: r.reconcile.external_waiting,
+            cal,
+            calibration: &r.calibration,
         })
     }
 

@@ -69,7 +69,7 @@ pub struct Router {
     pub(crate) scratch_cands: Vec<Candidate>,
     pub(crate) scratch_costs: Vec<(usize, f64)>,
     pub(crate) scratch_approx: Vec<u32>,
-    pub(crate) scratch_preds: Vec<(crate::cost::Prediction, crate::calibrate::SampleBasis, u64)>,
+    pub(crate) scratch_preds: Vec<crate::cost::Prediction>,
     pub(crate) scratch_eligible: Vec<usize>,
     /// With peers: the tentative blocks of local decisions, for peers
     /// (`None` when not sharing). Bounded; overflow is counted.
@@ -208,14 +208,19 @@ impl Router {
         Ok(())
     }
 
-    /// The engine's last report if it is fresh at `now`.
-    pub(crate) fn fresh_report<'r>(
-        &self,
-        r: &'r RouterReplica,
-        now: Instant,
-    ) -> Option<&'r EngineReport> {
-        let max_age = Duration::from_millis(self.config.report_max_age_ms);
-        r.report.as_ref().filter(|rep| now.saturating_duration_since(rep.at) <= max_age)
+    /// Reports taken before this are stale at `now` (`None`: none is).
+    /// Computed once per decision: comparing instants is cheaper than
+    /// subtracting them for every replica.
+    pub(crate) fn stale_before(&self, now: Instant) -> Option<Instant> {
+        now.checked_sub(Duration::from_millis(self.config.report_max_age_ms))
+    }
+
+    /// The engine's last report if it is fresh (`stale_before`).
+    pub(crate) fn fresh_report(
+        r: &RouterReplica,
+        stale_before: Option<Instant>,
+    ) -> Option<&EngineReport> {
+        r.report.as_ref().filter(|rep| stale_before.is_none_or(|t| rep.at >= t))
     }
 
     /// The ledger's view of a replica's load and calibration.

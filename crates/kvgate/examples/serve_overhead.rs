@@ -469,6 +469,62 @@ async fn main() {
         });
     }
 
+    // 4. Gateway CPU per relayed SSE chunk: streamed token-id completions
+    // (nothing to tokenize) on a fleet slow enough that each token is its
+    // own event on the wire, long and short streams side by side. The
+    // whole gateway's CPU (idle subtracted) is divided by the chunks the
+    // client received; the marginal figure divides the difference between
+    // the long and short runs by the difference in chunks, which takes out
+    // what a request costs apart from its stream.
+    let stream_rows = if phase("stream") {
+        let _ = gw.kill();
+        let _ = gw.wait();
+        let slow = start_sims(2, 65_536, 25.0).await;
+        let (port, admin) = free_ports();
+        gw = spawn_gateway(&slow, port, admin);
+        let pid = gw.id().to_string();
+        let base = format!("http://127.0.0.1:{port}");
+        wait_ready(&client, &base).await;
+        let url = format!("{base}/v1/completions");
+        let mut rows = Vec::new();
+        for (k, max_tokens) in [16u32, 256, 16, 256].into_iter().enumerate() {
+            let requests = 64usize;
+            let c0 = cpu_seconds(&pid);
+            let t = Instant::now();
+            let tasks: Vec<_> = (0..16)
+                .map(|w| {
+                    let (client, url) = (client.clone(), url.clone());
+                    tokio::spawn(async move {
+                        let mut chunks = 0usize;
+                        for i in (w..requests).step_by(16) {
+                            let prompt: Vec<u32> = (0..64)
+                                .map(|j| 1000 + ((i * 64 + j + k * 4096) % 30_000) as u32)
+                                .collect();
+                            let body = json!({"model": MODEL, "prompt": prompt, "stream": true,
+                                "max_tokens": max_tokens, "ignore_eos": true});
+                            let r = client.post(&url).json(&body).send().await.unwrap();
+                            assert!(r.status().is_success(), "{}", r.status());
+                            let text = r.bytes().await.unwrap();
+                            chunks += text.windows(5).filter(|w| w == b"data:").count();
+                        }
+                        chunks
+                    })
+                })
+                .collect();
+            let mut chunks = 0;
+            for t in tasks {
+                chunks += t.await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let wall = t.elapsed().as_secs_f64();
+            let cpu = cpu_seconds(&pid) - c0 - idle_rate * wall;
+            rows.push((max_tokens, requests, chunks, cpu));
+        }
+        rows
+    } else {
+        Vec::new()
+    };
+
     println!("| What | Measured | Target |");
     println!("|---|---|---|");
     println!(
@@ -505,6 +561,17 @@ async fn main() {
             r.tokenizer_threads * 1e6,
             r.tokenizer_threads / r.raw_cpu,
             r.tokenize_wall * 1e6
+        );
+    }
+    // The second pair of stream runs (the first warmed the gateway up).
+    if let [.., (short_tokens, _, short_chunks, short_cpu), (long_tokens, long_n, long_chunks, long_cpu)] =
+        stream_rows[..]
+    {
+        println!(
+            "| Gateway CPU per relayed SSE chunk, streams of {long_tokens} tokens (whole gateway ÷ chunks; marginal over {short_tokens}-token streams) | {:.2} µs ({long_chunks} chunks, {:.0} µs per request); marginal {:.2} µs | ≤ 2 µs |",
+            long_cpu * 1e6 / long_chunks as f64,
+            long_cpu * 1e6 / long_n as f64,
+            (long_cpu - short_cpu) * 1e6 / (long_chunks as f64 - short_chunks as f64).max(1.0),
         );
     }
     println!("({n} TTFT pairs, {} short requests per row, {n_long} long chats per row)", n * 4);

@@ -5,7 +5,9 @@
 //! token and account usage) and writes its own (errors, keep-alive
 //! comments, the simulator's output). [`encode`] writes frames;
 //! [`SseParser`] reads them incrementally from byte chunks split anywhere,
-//! with a bound on how much one event may buffer.
+//! with a bound on how much one event may buffer; [`SseFraming`] follows
+//! only the framing (where events end, whether `[DONE]` came), for relays
+//! that pass the bytes on without reading them.
 //!
 //! The parser follows the WHATWG event-stream rules (any of `\n`, `\r\n`,
 //! `\r` ends a line; a leading BOM is dropped; `:` starts a comment; a line
@@ -15,12 +17,14 @@
 //! the event that carries it rather than persisting, and `retry` is ignored.
 
 pub mod encode;
+mod framing;
 mod parse;
 
 pub use encode::{
     write_comment, write_data, write_done, write_error, write_event, write_item, write_json,
     DONE_FRAME,
 };
+pub use framing::SseFraming;
 pub use parse::{SseParser, DEFAULT_MAX_EVENT_BYTES};
 
 /// One dispatched event.
