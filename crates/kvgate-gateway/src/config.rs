@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use kvgate_router::RouterConfig;
+use kvgate_tokenize::EncoderChoice;
 use serde::{Deserialize, Serialize};
 
 pub use crate::cluster_config::{DiscoveryConfig, PeersConfig};
@@ -162,6 +163,9 @@ pub struct ModelConfig {
     /// Token ids kept by the tokenization prefix cache (multi-turn chats
     /// re-send their history; the cache re-uses its tokens); 0 disables it.
     pub prefix_cache_tokens: usize,
+    /// What encodes text: `auto` (fastokens where it is proven on the
+    /// tokenizer, else tokenizers), `fastokens`, or `tokenizers`.
+    pub encoder: EncoderChoice,
 }
 
 impl Default for ModelConfig {
@@ -172,6 +176,7 @@ impl Default for ModelConfig {
             max_model_len: 40_960,
             tokenizer_threads: 0,
             prefix_cache_tokens: 16 << 20,
+            encoder: EncoderChoice::Auto,
         }
     }
 }

@@ -212,11 +212,17 @@ impl Gateway {
     /// registers the replicas and starts their event and monitor tasks.
     pub async fn start(config: GatewayConfig) -> Result<Gateway, StartError> {
         config.validate()?;
+        let encoder = config.model.encoder;
         let tokenizer = match &config.model.dir {
-            Some(dir) => ChatTokenizer::from_dir(dir),
-            None => ChatTokenizer::bundled(),
+            Some(dir) => ChatTokenizer::from_dir_with(dir, encoder),
+            None => ChatTokenizer::bundled_with(encoder),
         }
         .map_err(|e| StartError::Tokenizer(e.to_string()))?;
+        let path = tokenizer.encoder_path();
+        match &path.reason {
+            None => tracing::info!(encoder = path.name, "tokenizer loaded"),
+            Some(why) => tracing::info!(encoder = path.name, reason = %why, "tokenizer loaded"),
+        }
         let threads = match config.model.tokenizer_threads {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,

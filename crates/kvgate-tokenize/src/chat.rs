@@ -25,12 +25,14 @@
 //! own rule (its post-processor, e.g. Llama's BOS).
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{Map, Value};
 use tokenizers::{AddedToken, Tokenizer};
 
-use crate::normalized::SkipNormalizer;
+use crate::config::AddedTokenSpec;
+use crate::encoder::{Encoder, EncoderChoice, EncoderPath};
+use crate::prefix_cache::PrefixRules;
 
 use crate::error::{Result, TokenizeError};
 use crate::model_dir::{ChatTemplates, ModelDir};
@@ -67,10 +69,18 @@ type CompiledSlot = (String, std::result::Result<Arc<ChatTemplate>, String>);
 /// shared (`Arc`) by all tokenization threads.
 #[derive(Debug)]
 pub struct ChatTokenizer {
-    tokenizer: Tokenizer,
-    /// Encodes text its normalizer would leave unchanged, without running
-    /// that normalizer (see [`SkipNormalizer`]).
-    skip_normalizer: Option<SkipNormalizer>,
+    /// The reference (`tokenizers`): encodes when the fast encoder is not
+    /// proven on this file, and decodes. Alongside the fast encoder it is
+    /// dropped after the load-time checks and rebuilt on first use (a
+    /// decode), so that one copy of the tables stays resident, not two.
+    reference: OnceLock<Tokenizer>,
+    /// What rebuilds it: `None` once it is built for good.
+    reference_source: Option<ReferenceSource>,
+    /// The cut points a prefix cache may use, taken from the reference.
+    prefix_rules: PrefixRules,
+    /// What encodes (see `encoder.rs`).
+    encoder: Encoder,
+    encoder_path: EncoderPath,
     templates: ChatTemplates,
     compiled: Vec<CompiledSlot>,
     special_tokens: Vec<(&'static str, String)>,
@@ -90,29 +100,24 @@ impl ChatTokenizer {
         ChatTokenizer::from_model_dir(ModelDir::bundled_qwen3()?)
     }
 
-    /// Builds a tokenizer from loaded files.
+    /// Loads a Hugging Face model directory with this encoder choice.
+    pub fn from_dir_with(dir: impl AsRef<Path>, encoder: EncoderChoice) -> Result<ChatTokenizer> {
+        ChatTokenizer::from_model_dir_with(ModelDir::open(dir)?, encoder)
+    }
+
+    /// The bundled Qwen3 tokenizer with this encoder choice.
+    pub fn bundled_with(encoder: EncoderChoice) -> Result<ChatTokenizer> {
+        ChatTokenizer::from_model_dir_with(ModelDir::bundled_qwen3()?, encoder)
+    }
+
+    /// Builds a tokenizer from loaded files (encoder `auto`).
     pub fn from_model_dir(dir: ModelDir) -> Result<ChatTokenizer> {
-        let mut tokenizer = Tokenizer::from_bytes(&dir.tokenizer_json).map_err(|e| {
-            TokenizeError::InvalidModelDir(format!("{}: tokenizer.json: {e}", dir.origin))
-        })?;
-        // transformers adds the config's added tokens the tokenizer lacks.
-        for (_, spec) in &dir.config.added_tokens {
-            if tokenizer.token_to_id(&spec.content).is_none() {
-                let token = AddedToken::from(spec.content.clone(), spec.special)
-                    .lstrip(spec.lstrip)
-                    .rstrip(spec.rstrip)
-                    .single_word(spec.single_word)
-                    .normalized(spec.normalized);
-                if spec.special {
-                    tokenizer.add_special_tokens(&[token]);
-                } else {
-                    tokenizer.add_tokens(&[token]);
-                }
-            }
-        }
-        if dir.config.split_special_tokens {
-            tokenizer.set_encode_special_tokens(true);
-        }
+        ChatTokenizer::from_model_dir_with(dir, EncoderChoice::Auto)
+    }
+
+    /// Builds a tokenizer from loaded files with this encoder choice.
+    pub fn from_model_dir_with(dir: ModelDir, encoder: EncoderChoice) -> Result<ChatTokenizer> {
+        let (tokenizer, extra) = reference(&dir)?;
         let mut added: Vec<(u32, String)> = tokenizer
             .get_added_tokens_decoder()
             .into_iter()
@@ -139,9 +144,37 @@ impl ChatTokenizer {
                 (source.to_owned(), compiled)
             })
             .collect();
-        Ok(ChatTokenizer {
-            skip_normalizer: SkipNormalizer::for_tokenizer(&tokenizer),
+        let prefix_rules = PrefixRules::of(&tokenizer);
+        let extra: Vec<&AddedTokenSpec> = extra.iter().collect();
+        let built = Encoder::build(
+            encoder,
             tokenizer,
+            &dir.tokenizer_json,
+            &extra,
+            dir.config.split_special_tokens,
+            || reference(&dir).map(|(t, _)| t),
+        )
+        .map_err(|e| match e {
+            TokenizeError::InvalidModelDir(m) => {
+                TokenizeError::InvalidModelDir(format!("{}: {m}", dir.origin))
+            }
+            e => e,
+        })?;
+        let (encoder, encoder_path) = (built.encoder, built.path);
+        let reference = OnceLock::new();
+        let reference_source = match built.reference {
+            Some(tokenizer) => {
+                let _ = reference.set(tokenizer);
+                None
+            }
+            None => Some(ReferenceSource::of(&dir)),
+        };
+        Ok(ChatTokenizer {
+            reference,
+            reference_source,
+            prefix_rules,
+            encoder,
+            encoder_path,
             templates: dir.templates,
             compiled,
             special_tokens: dir.config.special_tokens.clone(),
@@ -158,9 +191,29 @@ impl ChatTokenizer {
         self
     }
 
-    /// The underlying `tokenizers` tokenizer.
+    /// The encoder in use and, when it is not the preferred one, why.
+    pub fn encoder_path(&self) -> &EncoderPath {
+        &self.encoder_path
+    }
+
+    /// The reference `tokenizers` tokenizer, built on first use when the
+    /// fast encoder is in use.
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        self.reference.get_or_init(|| {
+            let dir = self.reference_source.as_ref().map(ReferenceSource::model_dir);
+            #[allow(clippy::expect_used)]
+            // These are the bytes it was first built from, at load time; only
+            // running out of memory could fail now.
+            dir.and_then(|d| d.ok())
+                .and_then(|d| reference(&d).ok())
+                .map(|(t, _)| t)
+                .expect("the reference tokenizer rebuilds from the files it loaded from")
+        })
+    }
+
+    /// Where a prefix cache may cut this tokenizer's texts.
+    pub fn prefix_rules(&self) -> &PrefixRules {
+        &self.prefix_rules
     }
 
     /// The strings of all added tokens (special or not), by id. Each one is
@@ -355,20 +408,13 @@ impl ChatTokenizer {
     }
 
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let tokenizer = match &self.skip_normalizer {
-            Some(skip) if skip.is_unchanged(text) => skip.tokenizer(),
-            _ => &self.tokenizer,
-        };
-        tokenizer
-            .encode_fast(text, add_special_tokens)
-            .map(|encoding| encoding.get_ids().to_vec())
-            .map_err(|e| TokenizeError::Tokenizer(e.to_string()))
+        self.encoder.encode(self.reference.get(), text, add_special_tokens)
     }
 
     /// Decodes token ids to text (`/detokenize`).
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         let text = self
-            .tokenizer
+            .tokenizer()
             .decode(ids, skip_special_tokens)
             .map_err(|e| TokenizeError::Tokenizer(e.to_string()))?;
         Ok(if self.clean_up_spaces { clean_up_tokenization(&text) } else { text })
@@ -460,6 +506,80 @@ fn cut_after_final_message(rendered: String, final_text: &str) -> Result<String>
         Ok(out)
     } else {
         Ok(rendered[..at].trim_end_matches(crate::template::is_py_space).to_owned())
+    }
+}
+
+/// The reference tokenizer of `dir`, as transformers builds it: the file,
+/// plus the config's added tokens the file lacks (returned too), plus
+/// `split_special_tokens`.
+fn reference(dir: &ModelDir) -> Result<(Tokenizer, Vec<AddedTokenSpec>)> {
+    let mut tokenizer = Tokenizer::from_bytes(&dir.tokenizer_json).map_err(|e| {
+        TokenizeError::InvalidModelDir(format!("{}: tokenizer.json: {e}", dir.origin))
+    })?;
+    let mut extra = Vec::new();
+    for (_, spec) in &dir.config.added_tokens {
+        if tokenizer.token_to_id(&spec.content).is_none() {
+            extra.push(spec.clone());
+            let token = AddedToken::from(spec.content.clone(), spec.special)
+                .lstrip(spec.lstrip)
+                .rstrip(spec.rstrip)
+                .single_word(spec.single_word)
+                .normalized(spec.normalized);
+            if spec.special {
+                tokenizer.add_special_tokens(&[token]);
+            } else {
+                tokenizer.add_tokens(&[token]);
+            }
+        }
+    }
+    if dir.config.split_special_tokens {
+        tokenizer.set_encode_special_tokens(true);
+    }
+    Ok((tokenizer, extra))
+}
+
+/// What rebuilds the reference tokenizer: the bundled files are in the
+/// binary already; of a model directory, the `tokenizer.json` bytes and the
+/// config are kept (a tenth of the tables they build).
+enum ReferenceSource {
+    Bundled,
+    Files { origin: String, tokenizer_json: Vec<u8>, config: crate::config::TokenizerConfig },
+}
+
+impl std::fmt::Debug for ReferenceSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReferenceSource::Bundled => f.write_str("Bundled"),
+            ReferenceSource::Files { origin, tokenizer_json, .. } => {
+                write!(f, "Files({origin}, {} bytes)", tokenizer_json.len())
+            }
+        }
+    }
+}
+
+impl ReferenceSource {
+    fn of(dir: &ModelDir) -> ReferenceSource {
+        if dir.origin == crate::model_dir::BUNDLED_ORIGIN {
+            ReferenceSource::Bundled
+        } else {
+            ReferenceSource::Files {
+                origin: dir.origin.clone(),
+                tokenizer_json: dir.tokenizer_json.clone(),
+                config: dir.config.clone(),
+            }
+        }
+    }
+
+    fn model_dir(&self) -> Result<ModelDir> {
+        match self {
+            ReferenceSource::Bundled => ModelDir::bundled_qwen3(),
+            ReferenceSource::Files { origin, tokenizer_json, config } => Ok(ModelDir {
+                origin: origin.clone(),
+                tokenizer_json: tokenizer_json.clone(),
+                config: config.clone(),
+                templates: ChatTemplates::None,
+            }),
+        }
     }
 }
 

@@ -37,6 +37,7 @@
 
 mod chat;
 mod config;
+mod encoder;
 mod error;
 mod model_dir;
 mod normalized;
@@ -49,6 +50,7 @@ mod template;
 mod validate;
 
 pub use chat::{ChatOptions, ChatTokenizer};
+pub use encoder::{EncoderChoice, EncoderPath};
 pub use error::{Result, TokenizeError};
 pub use model_dir::{ChatTemplates, ModelDir};
 pub use request::{ChatRequest, Endpoint};

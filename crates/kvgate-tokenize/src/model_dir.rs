@@ -156,7 +156,7 @@ impl ModelDir {
     /// The vendored Qwen3 tokenizer and chat template, compiled into the
     /// binary (`assets/tokenizers/qwen3/`).
     pub fn bundled_qwen3() -> Result<ModelDir> {
-        ModelDir::from_bytes("bundled qwen3", QWEN3_TOKENIZER_ZST, Some(QWEN3_CONFIG))
+        ModelDir::from_bytes(BUNDLED_ORIGIN, QWEN3_TOKENIZER_ZST, Some(QWEN3_CONFIG))
     }
 
     /// The chat templates after file precedence.
@@ -168,7 +168,15 @@ impl ModelDir {
     pub fn origin(&self) -> &str {
         &self.origin
     }
+
+    /// The `tokenizer.json` bytes (decompressed).
+    pub fn tokenizer_json(&self) -> &[u8] {
+        &self.tokenizer_json
+    }
 }
+
+/// The `origin` of the bundled tokenizer.
+pub(crate) const BUNDLED_ORIGIN: &str = "bundled qwen3";
 
 /// The zstd frame magic number, little-endian.
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];

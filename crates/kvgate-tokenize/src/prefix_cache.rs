@@ -94,22 +94,48 @@ pub struct PrefixCache {
     reused_tokens: AtomicU64,
 }
 
-impl PrefixCache {
-    /// A cache for `tokenizer`'s cut points.
-    pub fn new(tokenizer: &tokenizers::Tokenizer, config: PrefixCacheConfig) -> PrefixCache {
+/// Where texts of one tokenizer may be cut: its raw-text added tokens in
+/// id order (with whether a cut right after each is sound), and whether the
+/// start of a piece is encoded like any other position. Taken from the
+/// `tokenizers` tokenizer once, at load time.
+#[derive(Clone, Debug)]
+pub struct PrefixRules {
+    raw: Vec<(String, bool)>,
+    start_free: bool,
+}
+
+impl PrefixRules {
+    /// The rules of `tokenizer`.
+    pub fn of(tokenizer: &tokenizers::Tokenizer) -> PrefixRules {
         let decoder = tokenizer.get_added_tokens_decoder();
         let mut ids: Vec<&u32> = decoder.keys().collect();
         ids.sort();
-        let raw: Vec<&tokenizers::AddedToken> =
-            ids.iter().filter_map(|id| decoder.get(id)).filter(|t| !t.normalized).collect();
-        let safe =
-            raw.iter().map(|t| !t.rstrip && !t.single_word && !t.content.is_empty()).collect();
+        let raw = ids
+            .iter()
+            .filter_map(|id| decoder.get(id))
+            .filter(|t| !t.normalized)
+            .map(|t| (t.content.clone(), !t.rstrip && !t.single_word && !t.content.is_empty()))
+            .collect();
+        PrefixRules { raw, start_free: first_piece_is_special_free(tokenizer) }
+    }
+}
+
+impl PrefixCache {
+    /// A cache for `tokenizer`'s cut points.
+    pub fn new(tokenizer: &tokenizers::Tokenizer, config: PrefixCacheConfig) -> PrefixCache {
+        PrefixCache::with_rules(&PrefixRules::of(tokenizer), config)
+    }
+
+    /// A cache for these cut points.
+    pub fn with_rules(rules: &PrefixRules, config: PrefixCacheConfig) -> PrefixCache {
+        let raw = &rules.raw;
+        let safe = raw.iter().map(|t| t.1).collect();
         let added = AhoCorasickBuilder::new()
             .match_kind(MatchKind::LeftmostLongest)
-            .build(raw.iter().map(|t| t.content.as_str()))
+            .build(raw.iter().map(|t| t.0.as_str()))
             .ok()
             .filter(|_| !raw.is_empty());
-        let enabled = added.is_some() && first_piece_is_special_free(tokenizer);
+        let enabled = added.is_some() && rules.start_free;
         PrefixCache {
             added,
             safe,

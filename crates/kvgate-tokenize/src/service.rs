@@ -20,7 +20,7 @@ pub struct Tokenize {
 impl Tokenize {
     /// Wraps `tokenizer`; `cache: None` disables the prefix cache.
     pub fn new(tokenizer: ChatTokenizer, cache: Option<PrefixCacheConfig>) -> Tokenize {
-        let cache = cache.map(|c| PrefixCache::new(tokenizer.tokenizer(), c));
+        let cache = cache.map(|c| PrefixCache::with_rules(tokenizer.prefix_rules(), c));
         Tokenize { tokenizer, cache }
     }
 

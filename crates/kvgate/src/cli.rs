@@ -223,6 +223,10 @@ pub(crate) struct TokenizeArgs {
     /// optional chat_template.jinja). Default: the bundled Qwen3 tokenizer.
     #[arg(long)]
     pub(crate) model_dir: Option<std::path::PathBuf>,
+    /// What encodes: auto (fastokens where it is proven on the tokenizer,
+    /// else tokenizers), fastokens, or tokenizers (config: model.encoder).
+    #[arg(long, default_value = "auto")]
+    pub(crate) encoder: kvgate_tokenize::EncoderChoice,
 }
 
 #[derive(Debug, Subcommand)]

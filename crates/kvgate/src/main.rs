@@ -28,6 +28,13 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
+    // fastokens spreads one long input over a pool of its own threads that
+    // spin between jobs; kvgate already runs one tokenizer thread per core,
+    // each on its own request, so that would only add threads and spinning.
+    // Set before any thread starts; an operator's own setting wins.
+    if std::env::var_os("FASTOKENS_BPE_THREADS").is_none() {
+        std::env::set_var("FASTOKENS_BPE_THREADS", "1");
+    }
     let cli = with_config_file(cli::Cli::parse())?;
     init_logging(cli.log.as_deref());
     match cli.command {

@@ -16,9 +16,10 @@ pub(crate) fn run(args: &TokenizeArgs) -> anyhow::Result<()> {
     std::io::stdin().read_to_string(&mut input).context("reading the request from stdin")?;
     let body: Value = serde_json::from_str(&input).context("stdin is not valid JSON")?;
     let tokenizer = match &args.model_dir {
-        Some(dir) => ChatTokenizer::from_dir(dir)
+        Some(dir) => ChatTokenizer::from_dir_with(dir, args.encoder)
             .with_context(|| format!("loading the model directory {}", dir.display()))?,
-        None => ChatTokenizer::bundled().context("loading the bundled Qwen3 tokenizer")?,
+        None => ChatTokenizer::bundled_with(args.encoder)
+            .context("loading the bundled Qwen3 tokenizer")?,
     };
     let tokens = tokenize(&tokenizer, body)?;
     let mut out = std::io::stdout().lock();

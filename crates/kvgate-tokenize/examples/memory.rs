@@ -1,0 +1,47 @@
+//! Resident memory of each piece of a loaded tokenizer, step by step (the
+//! bundled Qwen3 one): `cargo run --release -p kvgate-tokenize --example memory`.
+
+#![allow(clippy::unwrap_used, clippy::print_stdout)]
+
+fn rss_mb() -> f64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next().and_then(|k| k.parse::<f64>().ok()))
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
+fn main() {
+    let step = |what: &str, before: &mut f64| {
+        let now = rss_mb();
+        println!("{what:<48} {now:7.1} MB ({:+.1})", now - *before);
+        *before = now;
+    };
+    let which = std::env::args().nth(1).unwrap_or_else(|| "both".into());
+    let mut last = rss_mb();
+    step("start", &mut last);
+    let dir = kvgate_tokenize::ModelDir::bundled_qwen3().unwrap();
+    step("tokenizer.json decompressed", &mut last);
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(20_000);
+    if which == "tokenizers" {
+        let hf = tokenizers::Tokenizer::from_bytes(dir.tokenizer_json()).unwrap();
+        step("tokenizers::Tokenizer", &mut last);
+        hf.encode_fast(text.as_str(), false).unwrap();
+        step("tokenizers after a 200k-token encode", &mut last);
+    } else if which == "fastokens" {
+        let value: serde_json::Value = serde_json::from_slice(dir.tokenizer_json()).unwrap();
+        step("tokenizer.json as serde_json::Value", &mut last);
+        let fast = fastokens::Tokenizer::from_json(value).unwrap();
+        step("fastokens::Tokenizer (Value consumed)", &mut last);
+        fast.encode("Hello, world! 你好").unwrap();
+        step("fastokens first encode", &mut last);
+        fast.encode(&text).unwrap();
+        step("fastokens after a 200k-token encode", &mut last);
+    } else {
+        drop(dir);
+        let tok = kvgate_tokenize::ChatTokenizer::bundled().unwrap();
+        step("ChatTokenizer::bundled() (auto)", &mut last);
+        println!("encoder: {:?}", tok.encoder_path());
+    }
+}
