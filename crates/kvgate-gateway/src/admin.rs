@@ -67,6 +67,7 @@ pub(crate) fn explanation_json(s: &Shared, e: &Explanation, now: Instant) -> Val
         "policy": e.policy.name(),
         "prompt_tokens": e.prompt_tokens,
         "prompt_blocks": e.prompt_blocks,
+        "candidates_total": e.candidates_total,
         "chosen": e.chosen.map(name),
         "reason": reason_json(&e.reason),
         "candidates": candidates,

@@ -287,6 +287,11 @@ pub struct RouterConfig {
     pub reconcile_reports: u32,
     /// Decisions kept for the debug endpoint; 0 keeps none.
     pub explain_last: usize,
+    /// Candidate rows kept per logged decision: the cheapest this many (the
+    /// chosen one always among them), in replica order; 0 keeps them all.
+    /// Copying every row of a large fleet into the log on every decision
+    /// would cost more than the decision.
+    pub explain_candidates: usize,
 }
 
 impl Default for RouterConfig {
@@ -313,6 +318,7 @@ impl Default for RouterConfig {
             report_max_age_ms: 10_000,
             reconcile_reports: 5,
             explain_last: 256,
+            explain_candidates: 64,
         }
     }
 }

@@ -316,6 +316,26 @@ impl Router {
         }
     }
 
+    /// The candidate rows a logged decision keeps: all of them, or the
+    /// `explain_candidates` cheapest (the chosen one always), in replica
+    /// order.
+    fn kept_candidates(&self, cands: &[Candidate], chosen: Option<ReplicaId>) -> Vec<Candidate> {
+        let cap = self.config.explain_candidates;
+        if cap == 0 || cands.len() <= cap {
+            return cands.to_vec();
+        }
+        let mut idx: Vec<usize> = (0..cands.len()).collect();
+        idx.select_nth_unstable_by(cap - 1, |&a, &b| cands[a].score.total_cmp(&cands[b].score));
+        idx.truncate(cap);
+        if let Some(at) = chosen.and_then(|id| cands.iter().position(|c| c.replica == id)) {
+            if !idx.contains(&at) {
+                idx[cap - 1] = at;
+            }
+        }
+        idx.sort_unstable();
+        idx.into_iter().map(|i| cands[i]).collect()
+    }
+
     /// Output tokens a request is expected to produce.
     fn output_tokens(&self, req: &RouteRequest<'_>) -> u64 {
         u64::from(req.max_output_tokens.unwrap_or(self.config.cost.default_output_tokens))
@@ -345,7 +365,8 @@ impl Router {
             prompt_blocks: req.keys.len() as u32,
             chosen: chosen.map(|c| c.0),
             reason,
-            candidates: cands.to_vec(),
+            candidates: self.kept_candidates(cands, chosen.map(|c| c.0)),
+            candidates_total: cands.len() as u32,
         });
         self.log.push(e.clone());
         Some(e)

@@ -122,8 +122,12 @@ pub struct Explanation {
     pub chosen: Option<ReplicaId>,
     /// Why.
     pub reason: Reason,
-    /// Every registered replica.
+    /// The candidates, in replica order: every registered replica, or the
+    /// cheapest `explain_candidates` of them (the chosen one among them).
     pub candidates: Vec<Candidate>,
+    /// How many replicas were considered (more than `candidates.len()` when
+    /// only the cheapest were kept).
+    pub candidates_total: u32,
 }
 
 impl Explanation {

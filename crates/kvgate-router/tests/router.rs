@@ -461,3 +461,26 @@ fn bad_configs_and_replicas_are_refused() {
         Err(RouterError::InvalidReplica { .. })
     ));
 }
+
+#[test]
+fn a_large_fleet_logs_only_its_cheapest_candidates() {
+    let cfg = RouterConfig { explain_candidates: 3, ..RouterConfig::default() };
+    let mut r = router_with(cfg, 8);
+    let k = keys(64, 9);
+    let now = Instant::now();
+    // Replicas 2, 5 and 6 hold some of the prompt (cheapest), the rest none.
+    let matches = [gpu(0), gpu(0), gpu(40), gpu(0), gpu(0), gpu(60), gpu(20), gpu(0)];
+    let routed = r.decide_with_matches(&req(&k), &matches, now).routed().unwrap();
+    assert_eq!(routed.replica, ReplicaId(5));
+    let e = routed.explanation.as_ref().unwrap();
+    assert_eq!(e.candidates_total, 8);
+    let kept: Vec<u32> = e.candidates.iter().map(|c| c.replica.0).collect();
+    assert_eq!(kept, [2, 5, 6], "the three cheapest, in replica order");
+    assert_eq!(e.chosen_candidate().unwrap().overlap_blocks, [60, 0, 0]);
+
+    // 0 keeps every row.
+    let mut r = router_with(RouterConfig { explain_candidates: 0, ..RouterConfig::default() }, 8);
+    let routed = r.decide_with_matches(&req(&k), &matches, now).routed().unwrap();
+    let e = routed.explanation.as_ref().unwrap();
+    assert_eq!((e.candidates.len(), e.candidates_total), (8, 8));
+}
