@@ -137,7 +137,7 @@ impl SseParser {
                     continue;
                 }
             }
-            match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            match memchr::memchr2(b'\n', b'\r', rest) {
                 None => {
                     self.push_partial(rest, &mut overflowed);
                     break;
