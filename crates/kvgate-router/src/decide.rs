@@ -257,10 +257,11 @@ impl Router {
                 0
             };
             let report = Router::fresh_report(r, stale_before);
-            let queue_tokens = view.load.pending_prefill_tokens
-                + (f64::from(view.external_waiting) * avg_tokens) as u64;
-            let decoding = view.load.decoding_requests
-                + view.external_requests.saturating_sub(view.external_waiting);
+            let (load, (external_requests, external_waiting)) = (view.load(), view.external());
+            let queue_tokens =
+                load.pending_prefill_tokens + (f64::from(external_waiting) * avg_tokens) as u64;
+            let decoding =
+                load.decoding_requests + external_requests.saturating_sub(external_waiting);
             let cap = r.info.capacity_blocks[0];
             let reported_used = report.map_or(0, |rep| (rep.kv_usage.max(0.0) * cap as f64) as u64);
             let cached_blocks = m.total + tentative;
@@ -272,7 +273,7 @@ impl Router {
                 lower_blocks: [m.cpu, m.storage],
                 queue_tokens,
                 decoding,
-                kv_used_blocks: reported_used.max(view.load.booked_blocks),
+                kv_used_blocks: reported_used.max(load.booked_blocks),
                 kv_new_blocks: new_blocks,
                 kv_capacity_blocks: cap,
                 max_num_batched_tokens: r.info.max_num_batched_tokens,
@@ -297,8 +298,8 @@ impl Router {
                 tentative_blocks: tentative,
                 pending_prefill_tokens: queue_tokens,
                 decoding,
-                requests: view.load.requests() + view.external_requests,
-                booked_blocks: view.load.booked_blocks,
+                requests: load.requests() + external_requests,
+                booked_blocks: load.booked_blocks,
                 predicted_ttft_s: pred.ttft_s,
                 score: pred.cost,
             });

@@ -196,20 +196,28 @@ struct ReplicaBooks {
     reconcile: Reconcile,
 }
 
-/// What one decision reads of one candidate (`Books::route_view`).
+/// What one decision reads of one candidate (`Books::route_view`): its
+/// books and the calibration it routes on.
 pub(crate) struct RouteView<'a> {
-    pub(crate) load: ReplicaLoad,
-    pub(crate) external_requests: u32,
-    pub(crate) external_waiting: u32,
+    books: &'a ReplicaBooks,
     pub(crate) cal: Calibrated,
-    calibration: &'a ReplicaCalibration,
 }
 
 impl RouteView<'_> {
+    pub(crate) fn load(&self) -> &ReplicaLoad {
+        &self.books.load
+    }
+
+    /// Requests the engine runs beyond the ledger, and of those, waiting.
+    pub(crate) fn external(&self) -> (u32, u32) {
+        (self.books.reconcile.external_requests, self.books.reconcile.external_waiting)
+    }
+
     /// Seconds per block from CPU and from storage; read only for a
     /// candidate that would load blocks from them.
     pub(crate) fn transfer_s_per_block(&self) -> [f64; 2] {
-        [self.calibration.cpu.estimate(), self.calibration.storage.estimate()]
+        let c = &self.books.calibration;
+        [c.cpu.estimate(), c.storage.estimate()]
     }
 }
 
@@ -344,8 +352,8 @@ impl Books {
     }
 
     pub(crate) fn view(&self, id: ReplicaId) -> Option<LoadView> {
-        let r = self.replicas.get(id.index())?.as_ref()?;
-        let cal = r.calibration.calibrated(&self.fleet_calibration, &self.config.calibration);
+        let v = self.route_view(id, None)?;
+        let (r, cal) = (v.books, v.cal);
         Some(LoadView {
             load: r.load,
             external_requests: r.reconcile.external_requests,
@@ -353,7 +361,7 @@ impl Books {
             drift: r.reconcile.drift,
             prefill_s_per_token: cal.prefill_s_per_token,
             overhead_s: cal.overhead_s,
-            transfer_s_per_block: [r.calibration.cpu.estimate(), r.calibration.storage.estimate()],
+            transfer_s_per_block: v.transfer_s_per_block(),
             calibration_samples: r.calibration.samples(),
             calibration_source: cal.source,
             decode_step_s: cal.decode_step_s,
@@ -379,13 +387,7 @@ impl Books {
             Some(c) => *c,
             None => r.calibration.calibrated(&self.fleet_calibration, &self.config.calibration),
         };
-        Some(RouteView {
-            load: r.load,
-            external_requests: r.reconcile.external_requests,
-            external_waiting: r.reconcile.external_waiting,
-            cal,
-            calibration: &r.calibration,
-        })
+        Some(RouteView { books: r, cal })
     }
 
     pub(crate) fn avg_prefill_tokens(&self) -> f64 {

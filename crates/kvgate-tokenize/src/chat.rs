@@ -30,7 +30,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::{Map, Value};
 use tokenizers::{AddedToken, Tokenizer};
 
-use crate::config::AddedTokenSpec;
+use crate::config::{AddedTokenSpec, TokenizerConfig};
 use crate::encoder::{Encoder, EncoderChoice, EncoderPath};
 use crate::prefix_cache::PrefixRules;
 
@@ -116,8 +116,8 @@ impl ChatTokenizer {
     }
 
     /// Builds a tokenizer from loaded files with this encoder choice.
-    pub fn from_model_dir_with(dir: ModelDir, encoder: EncoderChoice) -> Result<ChatTokenizer> {
-        let (tokenizer, extra) = reference(&dir)?;
+    pub fn from_model_dir_with(mut dir: ModelDir, encoder: EncoderChoice) -> Result<ChatTokenizer> {
+        let (tokenizer, extra) = reference(&dir.origin, &dir.tokenizer_json, &dir.config)?;
         let mut added: Vec<(u32, String)> = tokenizer
             .get_added_tokens_decoder()
             .into_iter()
@@ -152,7 +152,7 @@ impl ChatTokenizer {
             &dir.tokenizer_json,
             &extra,
             dir.config.split_special_tokens,
-            || reference(&dir).map(|(t, _)| t),
+            || reference(&dir.origin, &dir.tokenizer_json, &dir.config).map(|(t, _)| t),
         )
         .map_err(|e| match e {
             TokenizeError::InvalidModelDir(m) => {
@@ -167,7 +167,12 @@ impl ChatTokenizer {
                 let _ = reference.set(tokenizer);
                 None
             }
-            None => Some(ReferenceSource::of(&dir)),
+            None if dir.bundled => Some(ReferenceSource::Bundled),
+            None => Some(ReferenceSource::Files {
+                origin: dir.origin.clone(),
+                tokenizer_json: std::mem::take(&mut dir.tokenizer_json),
+                config: dir.config.clone(),
+            }),
         };
         Ok(ChatTokenizer {
             reference,
@@ -200,13 +205,13 @@ impl ChatTokenizer {
     /// fast encoder is in use.
     pub fn tokenizer(&self) -> &Tokenizer {
         self.reference.get_or_init(|| {
-            let dir = self.reference_source.as_ref().map(ReferenceSource::model_dir);
             #[allow(clippy::expect_used)]
-            // These are the bytes it was first built from, at load time; only
-            // running out of memory could fail now.
-            dir.and_then(|d| d.ok())
-                .and_then(|d| reference(&d).ok())
-                .map(|(t, _)| t)
+            // The source is kept whenever the reference is not, and these are
+            // the bytes it was first built from, at load time: only running
+            // out of memory could fail now.
+            self.reference_source
+                .as_ref()
+                .and_then(|source| source.rebuild().ok())
                 .expect("the reference tokenizer rebuilds from the files it loaded from")
         })
     }
@@ -509,15 +514,18 @@ fn cut_after_final_message(rendered: String, final_text: &str) -> Result<String>
     }
 }
 
-/// The reference tokenizer of `dir`, as transformers builds it: the file,
+/// The reference tokenizer, as transformers builds it: the file,
 /// plus the config's added tokens the file lacks (returned too), plus
 /// `split_special_tokens`.
-fn reference(dir: &ModelDir) -> Result<(Tokenizer, Vec<AddedTokenSpec>)> {
-    let mut tokenizer = Tokenizer::from_bytes(&dir.tokenizer_json).map_err(|e| {
-        TokenizeError::InvalidModelDir(format!("{}: tokenizer.json: {e}", dir.origin))
-    })?;
+fn reference(
+    origin: &str,
+    tokenizer_json: &[u8],
+    config: &TokenizerConfig,
+) -> Result<(Tokenizer, Vec<AddedTokenSpec>)> {
+    let mut tokenizer = Tokenizer::from_bytes(tokenizer_json)
+        .map_err(|e| TokenizeError::InvalidModelDir(format!("{origin}: tokenizer.json: {e}")))?;
     let mut extra = Vec::new();
-    for (_, spec) in &dir.config.added_tokens {
+    for (_, spec) in &config.added_tokens {
         if tokenizer.token_to_id(&spec.content).is_none() {
             extra.push(spec.clone());
             let token = AddedToken::from(spec.content.clone(), spec.special)
@@ -532,7 +540,7 @@ fn reference(dir: &ModelDir) -> Result<(Tokenizer, Vec<AddedTokenSpec>)> {
             }
         }
     }
-    if dir.config.split_special_tokens {
+    if config.split_special_tokens {
         tokenizer.set_encode_special_tokens(true);
     }
     Ok((tokenizer, extra))
@@ -543,7 +551,7 @@ fn reference(dir: &ModelDir) -> Result<(Tokenizer, Vec<AddedTokenSpec>)> {
 /// config are kept (a tenth of the tables they build).
 enum ReferenceSource {
     Bundled,
-    Files { origin: String, tokenizer_json: Vec<u8>, config: crate::config::TokenizerConfig },
+    Files { origin: String, tokenizer_json: Vec<u8>, config: TokenizerConfig },
 }
 
 impl std::fmt::Debug for ReferenceSource {
@@ -558,28 +566,17 @@ impl std::fmt::Debug for ReferenceSource {
 }
 
 impl ReferenceSource {
-    fn of(dir: &ModelDir) -> ReferenceSource {
-        if dir.origin == crate::model_dir::BUNDLED_ORIGIN {
-            ReferenceSource::Bundled
-        } else {
-            ReferenceSource::Files {
-                origin: dir.origin.clone(),
-                tokenizer_json: dir.tokenizer_json.clone(),
-                config: dir.config.clone(),
+    fn rebuild(&self) -> Result<Tokenizer> {
+        let tokenizer = match self {
+            ReferenceSource::Bundled => {
+                let d = ModelDir::bundled_qwen3()?;
+                reference(&d.origin, &d.tokenizer_json, &d.config)?
             }
-        }
-    }
-
-    fn model_dir(&self) -> Result<ModelDir> {
-        match self {
-            ReferenceSource::Bundled => ModelDir::bundled_qwen3(),
-            ReferenceSource::Files { origin, tokenizer_json, config } => Ok(ModelDir {
-                origin: origin.clone(),
-                tokenizer_json: tokenizer_json.clone(),
-                config: config.clone(),
-                templates: ChatTemplates::None,
-            }),
-        }
+            ReferenceSource::Files { origin, tokenizer_json, config } => {
+                reference(origin, tokenizer_json, config)?
+            }
+        };
+        Ok(tokenizer.0)
     }
 }
 

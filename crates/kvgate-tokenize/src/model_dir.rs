@@ -41,6 +41,8 @@ pub struct ModelDir {
     pub(crate) config: TokenizerConfig,
     /// The chat templates after file precedence.
     pub(crate) templates: ChatTemplates,
+    /// These are the files compiled into the binary (`bundled_qwen3`).
+    pub(crate) bundled: bool,
 }
 
 /// The chat templates of a model: none, one, or several named ones.
@@ -130,7 +132,7 @@ impl ModelDir {
             None => TokenizerConfig::default(),
         };
         let templates = resolve_templates(dir, &config)?;
-        Ok(ModelDir { origin, tokenizer_json, config, templates })
+        Ok(ModelDir { origin, tokenizer_json, config, templates, bundled: false })
     }
 
     /// Builds a model directory from in-memory files, e.g. ones compiled into
@@ -150,13 +152,14 @@ impl ModelDir {
             None => TokenizerConfig::default(),
         };
         let templates = ChatTemplates::from_json(&config.chat_template)?;
-        Ok(ModelDir { origin: origin.into(), tokenizer_json, config, templates })
+        Ok(ModelDir { origin: origin.into(), tokenizer_json, config, templates, bundled: false })
     }
 
     /// The vendored Qwen3 tokenizer and chat template, compiled into the
     /// binary (`assets/tokenizers/qwen3/`).
     pub fn bundled_qwen3() -> Result<ModelDir> {
-        ModelDir::from_bytes(BUNDLED_ORIGIN, QWEN3_TOKENIZER_ZST, Some(QWEN3_CONFIG))
+        let dir = ModelDir::from_bytes("bundled qwen3", QWEN3_TOKENIZER_ZST, Some(QWEN3_CONFIG))?;
+        Ok(ModelDir { bundled: true, ..dir })
     }
 
     /// The chat templates after file precedence.
@@ -174,9 +177,6 @@ impl ModelDir {
         &self.tokenizer_json
     }
 }
-
-/// The `origin` of the bundled tokenizer.
-pub(crate) const BUNDLED_ORIGIN: &str = "bundled qwen3";
 
 /// The zstd frame magic number, little-endian.
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];

@@ -9,7 +9,7 @@
 //! that is most of what relaying costs. [`SseFraming`] only scans for line
 //! ends and looks at the first bytes of each line, and allocates nothing.
 //!
-//! It reads lines exactly as the parser does (`\n`, `\r\n` or `\r` end a
+//! It cuts lines with the parser's own splitter (`lines.rs`: `\n`, `\r\n` or `\r` end a
 //! line, a leading BOM is dropped, `:` starts a comment, one space after a
 //! field's colon is dropped, a blank line dispatches), and reports `[DONE]`
 //! where the parser would yield [`SseItem::Done`](super::SseItem::Done): an
@@ -17,9 +17,8 @@
 //! One difference: the parser drops an event bigger than its size bound,
 //! while this scanner keeps no bound, as it keeps no bytes.
 
+use super::lines::{Lines, Piece};
 use super::DONE_DATA;
-
-const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
 /// The longest line prefix that decides anything: `event:` and
 /// `data:[DONE]` fit, and `data: [DONE]` is 12 bytes; one more tells a line
@@ -46,10 +45,8 @@ pub struct SseFraming {
     prefix: [u8; PREFIX],
     /// Bytes of the current line so far (may exceed `PREFIX`).
     line_len: usize,
-    /// The last byte seen was `\r`; a `\n` right after it ends nothing.
-    after_cr: bool,
-    /// BOM bytes matched at the start; `None` once decided.
-    bom_matched: Option<usize>,
+    /// Line ends and the leading BOM.
+    lines: Lines,
     /// The event in progress has a field line (not a comment).
     has_fields: bool,
     /// It has an `event` name.
@@ -71,8 +68,7 @@ impl SseFraming {
         SseFraming {
             prefix: [0; PREFIX],
             line_len: 0,
-            after_cr: false,
-            bom_matched: Some(0),
+            lines: Lines::default(),
             has_fields: false,
             has_name: false,
             data: Data::None,
@@ -94,55 +90,20 @@ impl SseFraming {
     /// Whether the stream stopped inside an event or a line: a writer that
     /// appends its own event must first end that one with a blank line.
     pub fn mid_event(&self) -> bool {
-        self.line_len > 0 || self.has_fields || self.bom_matched.is_some_and(|m| m > 0)
+        self.line_len > 0 || self.has_fields || self.lines.in_bom()
     }
 
     /// Takes in the next chunk.
     pub fn feed(&mut self, chunk: &[u8]) {
-        let mut rest = chunk;
-        if let Some(mut matched) = self.bom_matched {
-            while let Some(&b) = rest.first() {
-                if BOM.get(matched) != Some(&b) {
-                    // Not a BOM: what matched so far is line content.
-                    self.bom_matched = None;
-                    for &b in &BOM[..matched] {
-                        self.push(&[b]);
-                    }
-                    break;
-                }
-                matched += 1;
-                rest = &rest[1..];
-                if matched == BOM.len() {
-                    self.bom_matched = None;
-                    break;
-                }
+        let mut lines = self.lines;
+        lines.split(chunk, |piece| match piece {
+            Piece::Partial(bytes) => self.push(bytes),
+            Piece::End(tail) => {
+                self.push(tail);
+                self.end_line();
             }
-            if let Some(m) = self.bom_matched.as_mut() {
-                *m = matched;
-                return;
-            }
-        }
-        while !rest.is_empty() {
-            if self.after_cr {
-                self.after_cr = false;
-                if rest[0] == b'\n' {
-                    rest = &rest[1..];
-                    continue;
-                }
-            }
-            match memchr::memchr2(b'\n', b'\r', rest) {
-                None => {
-                    self.push(rest);
-                    break;
-                }
-                Some(at) => {
-                    self.push(&rest[..at]);
-                    self.end_line();
-                    self.after_cr = rest[at] == b'\r';
-                    rest = &rest[at + 1..];
-                }
-            }
-        }
+        });
+        self.lines = lines;
     }
 
     /// Adds bytes of the current line.

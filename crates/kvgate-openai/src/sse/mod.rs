@@ -18,6 +18,7 @@
 
 pub mod encode;
 mod framing;
+mod lines;
 mod parse;
 
 pub use encode::{

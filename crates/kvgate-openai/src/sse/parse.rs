@@ -14,14 +14,13 @@
 
 use std::borrow::Cow;
 
+use super::lines::{Lines, Piece};
 use super::{SseEvent, SseItem, DONE_DATA};
 use crate::error::Error;
 
 /// Default bound on one event: 4 MiB (a chunk with prompt logprobs can be
 /// large; ordinary token chunks are a few hundred bytes).
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 4 << 20;
-
-const BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
 
 /// Reads SSE events from byte chunks. Sans-IO: feed it what the socket
 /// gave, collect what it completes.
@@ -34,11 +33,8 @@ pub struct SseParser {
     line_has_bytes: bool,
     /// The current line is a comment; its bytes are dropped.
     line_is_comment: bool,
-    /// The last byte seen was `\r`; a `\n` right after it is part of the
-    /// same line ending.
-    after_cr: bool,
-    /// How many BOM bytes matched at the stream start; `None` once decided.
-    bom_matched: Option<usize>,
+    /// Line ends and the leading BOM.
+    lines: Lines,
     /// Skipping the rest of an oversized event, up to its blank line.
     discarding: bool,
     data: String,
@@ -67,8 +63,7 @@ impl SseParser {
             line: Vec::new(),
             line_has_bytes: false,
             line_is_comment: false,
-            after_cr: false,
-            bom_matched: Some(0),
+            lines: Lines::default(),
             discarding: false,
             data: String::new(),
             has_data: false,
@@ -101,54 +96,13 @@ impl SseParser {
     /// are in `out`. The parser stays usable.
     pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<SseItem>) -> Result<(), Error> {
         let mut overflowed = false;
-        let mut rest = chunk;
-        if let Some(matched) = self.bom_matched {
-            let mut matched = matched;
-            loop {
-                match rest.first() {
-                    None => {
-                        self.bom_matched = Some(matched);
-                        return Ok(());
-                    }
-                    Some(&byte) if BOM.get(matched) == Some(&byte) => {
-                        matched += 1;
-                        rest = &rest[1..];
-                        if matched == BOM.len() {
-                            self.bom_matched = None;
-                            break;
-                        }
-                    }
-                    Some(_) => {
-                        // Not a BOM: what matched so far is content (it holds
-                        // no line break).
-                        self.bom_matched = None;
-                        let replay = &BOM[..matched];
-                        self.push_partial(replay, &mut overflowed);
-                        break;
-                    }
-                }
-            }
-        }
-        while !rest.is_empty() {
-            if self.after_cr {
-                self.after_cr = false;
-                if rest[0] == b'\n' {
-                    rest = &rest[1..];
-                    continue;
-                }
-            }
-            match memchr::memchr2(b'\n', b'\r', rest) {
-                None => {
-                    self.push_partial(rest, &mut overflowed);
-                    break;
-                }
-                Some(at) => {
-                    self.end_line(&rest[..at], out, &mut overflowed);
-                    self.after_cr = rest[at] == b'\r';
-                    rest = &rest[at + 1..];
-                }
-            }
-        }
+        // `Lines` is two words: copied out so the closure can borrow `self`.
+        let mut lines = self.lines;
+        lines.split(chunk, |piece| match piece {
+            Piece::Partial(bytes) => self.push_partial(bytes, &mut overflowed),
+            Piece::End(tail) => self.end_line(tail, out, &mut overflowed),
+        });
+        self.lines = lines;
         if overflowed {
             Err(Error::SseEventTooLarge { limit: self.max_event_bytes })
         } else {
@@ -164,7 +118,7 @@ impl SseParser {
             || self.has_data
             || self.event.is_some()
             || self.id.is_some()
-            || self.bom_matched.is_some_and(|m| m > 0);
+            || self.lines.in_bom();
         let max = self.max_event_bytes;
         *self = SseParser::new(max);
         if truncated {
