@@ -213,10 +213,23 @@ impl Gateway {
     pub async fn start(config: GatewayConfig) -> Result<Gateway, StartError> {
         config.validate()?;
         let encoder = config.model.encoder;
-        let tokenizer = match &config.model.dir {
+        // Loaded on a thread of its own that then exits: the load's
+        // temporaries (a JSON parse several times the tables' size) are freed
+        // on that thread, and an exiting thread hands its allocator pages
+        // back, where a runtime worker would keep them as its own cache
+        // (~35 MB more idle RSS, measured).
+        let load = || match &config.model.dir {
             Some(dir) => ChatTokenizer::from_dir_with(dir, encoder),
             None => ChatTokenizer::bundled_with(encoder),
-        }
+        };
+        let tokenizer = std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("kvgate-load".into())
+                .spawn_scoped(s, load)
+                .map_err(|e| StartError::Tokenizer(format!("cannot start a thread: {e}")))?
+                .join()
+                .map_err(|_| StartError::Tokenizer("the tokenizer load panicked".into()))
+        })?
         .map_err(|e| StartError::Tokenizer(e.to_string()))?;
         let path = tokenizer.encoder_path();
         match &path.reason {

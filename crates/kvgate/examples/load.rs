@@ -36,8 +36,10 @@ use tokio::sync::mpsc;
 mod bench_support;
 use bench_support::{free_ports, spawn_gateway, start_sims, wait_ready, MODEL};
 
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The same allocator as the `kvgate` binary (kvgate-alloc's global
+// allocator, linked by this use), so that in-process baselines are not
+// handicapped by glibc's malloc.
+use kvgate_alloc as _;
 
 #[derive(Parser)]
 #[command(about = "Open-loop load against kvgate serve and 8 simulated replicas")]

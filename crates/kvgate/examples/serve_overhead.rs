@@ -26,10 +26,10 @@ use futures_util::StreamExt;
 use kvgate_tokenize::{ChatRequest, ChatTokenizer, Endpoint};
 use serde_json::json;
 
-// The same allocator as the `kvgate` binary, so that the raw-tokenization
-// baseline is not handicapped by glibc's malloc.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// The same allocator as the `kvgate` binary (kvgate-alloc's global
+// allocator, linked by this use), so that in-process baselines are not
+// handicapped by glibc's malloc.
+use kvgate_alloc as _;
 
 mod bench_support;
 use bench_support::{free_ports, spawn_gateway, start_sims, wait_ready, MODEL};
