@@ -16,6 +16,7 @@
 use rmpv::Value;
 
 use crate::error::DecodeError;
+use crate::fields::{REMOVED_FIELDS, STORED_FIELDS};
 use crate::types::{Batch, BlockHash, BlockRemoved, BlockStored, Event, Medium};
 
 /// Nesting deeper than this is rejected before it can exhaust the stack.
@@ -89,23 +90,6 @@ fn batch_from_value(value: Value) -> Result<Batch, DecodeError> {
     }
     Ok(Batch { ts, events: out, dp_rank, skipped_events })
 }
-
-/// Positional field order of `BlockStored` in array-like layouts (after the tag).
-pub(crate) const STORED_FIELDS: [&str; 11] = [
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window",
-];
-/// Positional field order of `BlockRemoved` in array-like layouts.
-pub(crate) const REMOVED_FIELDS: [&str; 3] = ["block_hashes", "medium", "group_idx"];
 
 /// A field lookup over either event shape: positional or by name.
 enum Fields {

@@ -14,7 +14,7 @@
 use rmp::Marker;
 use rmpv::Value;
 
-use crate::decode::{REMOVED_FIELDS, STORED_FIELDS};
+use crate::fields::{REMOVED_FIELDS, STORED_FIELDS};
 use crate::types::{Batch, BlockHash, BlockRemoved, BlockStored, Event, Medium};
 
 /// Depth left for skipped or kept-as-`Value` fields: well under the reference

@@ -16,6 +16,7 @@ pub mod decode;
 pub mod decode_fast;
 pub mod encode;
 pub mod error;
+mod fields;
 pub mod frames;
 #[cfg(feature = "publisher")]
 pub mod publisher;

@@ -16,9 +16,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::config::ReplicaConfig;
-use crate::forward::error_response;
+use crate::locks::{lock, read};
 use crate::registry;
-use crate::state::{lock, read, Shared};
+use crate::response::error_response;
+use crate::state::Shared;
 
 type S = State<Arc<Shared>>;
 

@@ -13,9 +13,12 @@ use axum::Json;
 use kvgate_openai::ErrorResponse;
 use serde_json::{json, Value};
 
-use crate::forward::{error_response, forward, with_retry_after};
-use crate::prepare::{self, Route};
-use crate::state::{lock, read, Shared};
+use crate::forward::forward;
+use crate::locks::{lock, read};
+use crate::prepare;
+use crate::response::{error_response, with_retry_after};
+use crate::route::Route;
+use crate::state::Shared;
 
 type S = State<Arc<Shared>>;
 

@@ -19,7 +19,6 @@
 mod frame;
 mod hub;
 mod session;
-mod ttft_ring;
 mod window;
 
 use std::convert::Infallible;
@@ -37,12 +36,11 @@ use futures_util::Stream;
 use kvgate_openai::ErrorResponse;
 
 use crate::auth;
-use crate::forward::error_response;
+use crate::response::error_response;
 use crate::state::Shared;
 use crate::throttle::{verdict, KeyKind, KeyVerdict};
 use hub::{FrameText, Hub};
 use session::{Sessions, COOKIE};
-pub(crate) use ttft_ring::RecentTtft;
 
 /// What the dashboard's handlers share.
 #[derive(Debug)]
@@ -126,7 +124,14 @@ fn html(status: StatusCode, body: &'static str) -> Response {
 async fn require_login(State(d): D, req: Request, next: Next) -> Response {
     let ok = d.allowed(req.headers());
     let presented = auth::admin_key_presented(req.headers());
-    match verdict(&d.shared, req.extensions().get(), KeyKind::Admin, presented, ok) {
+    match verdict(
+        &d.shared.key_throttle,
+        &d.shared.metrics,
+        req.extensions().get(),
+        KeyKind::Admin,
+        presented,
+        ok,
+    ) {
         KeyVerdict::Allowed => return harden(next.run(req).await),
         KeyVerdict::Throttled(r) => return harden(r),
         KeyVerdict::Denied => {}
@@ -162,7 +167,14 @@ async fn login(State(d): D, req: Request) -> Response {
     let headers = req.headers();
     let ok = auth::admin_allowed(d.shared.config.auth.admin_key.as_ref(), headers);
     let presented = auth::admin_key_presented(headers);
-    match verdict(&d.shared, req.extensions().get(), KeyKind::Admin, presented, ok) {
+    match verdict(
+        &d.shared.key_throttle,
+        &d.shared.metrics,
+        req.extensions().get(),
+        KeyKind::Admin,
+        presented,
+        ok,
+    ) {
         KeyVerdict::Allowed => {}
         KeyVerdict::Throttled(r) => return harden(r),
         KeyVerdict::Denied => {

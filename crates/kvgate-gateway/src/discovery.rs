@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::config::ReplicaConfig;
+use crate::locks::lock;
 use crate::registry;
-use crate::state::{lock, Shared};
+use crate::state::Shared;
 
 /// What to do after a lookup, given the discovered replicas by name.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use kvgate_events::subscriber::{Subscriber, SubscriberConfig, Update};
 use tokio::sync::mpsc;
 
-use crate::state::{lock, write, Replica, Shared};
+use crate::locks::{lock, write};
+use crate::state::{Replica, Shared};
 
 /// Runs the subscriber of `replica` until it is stopped.
 pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) {

@@ -9,33 +9,22 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use kvgate_index::ReplicaId;
 use kvgate_openai::ErrorResponse;
 use kvgate_router::{Decision, Outcome, RejectReason, RouteRequest, Routed};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::locks::{lock, read};
 use crate::prepare::Prepared;
 use crate::relay::Relay;
-use crate::state::{lock, read, Replica, Shared};
+use crate::response::{error_response, with_retry_after};
+use crate::state::{Replica, Shared};
 
 /// Largest engine error body read to relay its message, bytes.
 const MAX_ERROR_BODY: usize = 64 << 10;
 
 /// An OpenAI-style error response.
-pub(crate) fn error_response(e: &ErrorResponse) -> Response {
-    let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, [(header::CONTENT_TYPE, "application/json")], e.to_vec()).into_response()
-}
-
-pub(crate) fn with_retry_after(mut r: Response, after: Duration) -> Response {
-    let secs = after.as_secs_f64().ceil().max(1.0) as u64;
-    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
-        r.headers_mut().insert(header::RETRY_AFTER, v);
-    }
-    r
-}
-
 /// Routes and forwards `p`; `permit` bounds concurrency for the whole life
 /// of the response, streaming included.
 pub(crate) async fn forward(

@@ -17,8 +17,14 @@
 //! - `admin.rs`: `/admin/replicas`, `/admin/decisions`.
 //! - `dashboard.rs`, `dashboard/`: `/dashboard`, its live stream and login.
 //! - `auth.rs`: constant-time keys, forwarded-header allow-list.
-//! - `state.rs`, `snapshot.rs`, `metrics.rs`: shared state, its snapshot,
-//!   Prometheus exposition.
+//! - `peers.rs`, `peer_state.rs`: load sharing between instances (protocol
+//!   and tasks; what is known about each peer).
+//! - `throttle.rs`: the wrong-key throttle.
+//! - `route.rs`: the two generation routes; `response.rs`: errors as HTTP
+//!   answers, in one place.
+//! - `state.rs`, `snapshot.rs`, `metrics.rs`, `ttft_ring.rs`: shared state,
+//!   its snapshot, Prometheus exposition, recent TTFTs.
+//! - `locks.rs`: poison-tolerant lock helpers.
 
 mod admin;
 mod api;
@@ -30,17 +36,22 @@ mod discovery;
 mod error;
 mod feed;
 mod forward;
+mod locks;
 mod metrics;
 mod monitor;
+mod peer_state;
 mod peers;
 mod prepare;
 mod registry;
 mod relay;
+mod response;
+mod route;
 mod scrape;
 mod server;
 mod snapshot;
 mod state;
 mod throttle;
+mod ttft_ring;
 
 pub use config::{GatewayConfig, Passthrough, ReplicaConfig};
 pub use error::{ConfigError, StartError};

@@ -29,8 +29,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::dashboard::RecentTtft;
 use crate::snapshot::{FleetSnapshot, ReplicaSnapshot};
+use crate::ttft_ring::RecentTtft;
 
 /// The `Content-Type` of what [`Metrics::render`] produces: the OpenMetrics
 /// text format 1.0.0 written by `prometheus_client::encoding::text`. (The crate

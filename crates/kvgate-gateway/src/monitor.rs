@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use kvgate_router::EngineReport;
 
+use crate::locks::{lock, write};
 use crate::scrape::{parse_engine_metrics, EngineScrape};
-use crate::state::{lock, write, Replica, Shared};
+use crate::state::{Replica, Shared};
 
 /// Probes `replica` until it is stopped.
 pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) {

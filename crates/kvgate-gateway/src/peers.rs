@@ -20,10 +20,10 @@
 //! a batch that comes back with our own id (we resolved ourselves) turns
 //! that target off.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -37,8 +37,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 use crate::auth::{bearer, key_matches};
-use crate::snapshot::{PeerSnapshot, PeerTargetSnapshot};
-use crate::state::{lock, Shared};
+use crate::locks::lock;
+use crate::peer_state::{Known, Target, TargetStats};
+use crate::state::Shared;
 use crate::throttle::{verdict, ClientAddr, KeyKind, KeyVerdict};
 
 /// The path peers post to.
@@ -82,93 +83,6 @@ struct WireReply {
     instance: String,
 }
 
-/// A peer we have heard from.
-#[derive(Debug)]
-struct Known {
-    id: PeerId,
-    last_seen: Instant,
-    changes: u64,
-    unknown_replica: u64,
-    lag_s: f64,
-}
-
-/// Counters of one send target.
-#[derive(Debug, Default)]
-struct TargetStats {
-    batches: AtomicU64,
-    failures: AtomicU64,
-    dropped: AtomicU64,
-}
-
-#[derive(Debug)]
-struct Target {
-    tx: mpsc::Sender<Bytes>,
-    stats: Arc<TargetStats>,
-}
-
-/// Peer state shared by the handlers and the sender.
-#[derive(Debug)]
-pub(crate) struct Peers {
-    /// This process's id on the wire.
-    pub(crate) instance: String,
-    known: Mutex<HashMap<String, Known>>,
-    next_peer: AtomicU32,
-    targets: Mutex<HashMap<String, Target>>,
-    /// Targets that turned out to be this process.
-    itself: Mutex<HashSet<String>>,
-    /// Local changes dropped because the router's outbox overflowed.
-    pub(crate) outbox_dropped: AtomicU64,
-    /// Peers forgotten for silence.
-    pub(crate) forgotten: AtomicU64,
-}
-
-impl Peers {
-    pub(crate) fn new() -> Peers {
-        let mut raw = [0u8; 8];
-        // Without OS randomness, fall back to time and pid: still distinct
-        // between the processes of one deployment in practice.
-        if getrandom::fill(&mut raw).is_err() {
-            let t = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-            raw = ((t as u64) ^ u64::from(std::process::id()).rotate_left(32)).to_le_bytes();
-        }
-        Peers {
-            instance: raw.iter().map(|b| format!("{b:02x}")).collect(),
-            known: Mutex::new(HashMap::new()),
-            next_peer: AtomicU32::new(1),
-            targets: Mutex::new(HashMap::new()),
-            itself: Mutex::new(HashSet::new()),
-            outbox_dropped: AtomicU64::new(0),
-            forgotten: AtomicU64::new(0),
-        }
-    }
-
-    /// For the snapshot: peers heard from, and send targets.
-    pub(crate) fn snapshot(&self, now: Instant) -> (Vec<PeerSnapshot>, Vec<PeerTargetSnapshot>) {
-        let mut peers: Vec<PeerSnapshot> = lock(&self.known)
-            .iter()
-            .map(|(instance, k)| PeerSnapshot {
-                instance: instance.clone(),
-                changes_received: k.changes,
-                unknown_replica: k.unknown_replica,
-                lag_s: k.lag_s,
-                silent_s: now.saturating_duration_since(k.last_seen).as_secs_f64(),
-            })
-            .collect();
-        peers.sort_by(|a, b| a.instance.cmp(&b.instance));
-        let mut targets: Vec<PeerTargetSnapshot> = lock(&self.targets)
-            .iter()
-            .map(|(url, t)| PeerTargetSnapshot {
-                url: url.clone(),
-                batches_sent: t.stats.batches.load(Ordering::Relaxed),
-                failures: t.stats.failures.load(Ordering::Relaxed),
-                dropped: t.stats.dropped.load(Ordering::Relaxed),
-            })
-            .collect();
-        targets.sort_by(|a, b| a.url.cmp(&b.url));
-        (peers, targets)
-    }
-}
-
 fn unix_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
@@ -184,7 +98,7 @@ pub(crate) async fn receive(
     let presented = bearer(&headers);
     let ok = presented.is_some_and(|t| key_matches(key, t));
     let addr = client.as_ref().map(|c| &c.0);
-    match verdict(&s, addr, KeyKind::Peer, presented.is_some(), ok) {
+    match verdict(&s.key_throttle, &s.metrics, addr, KeyKind::Peer, presented.is_some(), ok) {
         KeyVerdict::Allowed => {}
         KeyVerdict::Throttled(r) => return r,
         KeyVerdict::Denied => {
@@ -491,11 +405,5 @@ mod tests {
         // Unknown kinds are refused, not guessed.
         let bad = r#"{"instance":"x","sent_unix_ms":0,"changes":[{"kind":"steal","id":1}]}"#;
         assert!(serde_json::from_str::<WireBatch>(bad).is_err());
-    }
-
-    #[test]
-    fn instance_ids_differ() {
-        assert_ne!(Peers::new().instance, Peers::new().instance);
-        assert_eq!(Peers::new().instance.len(), 16);
     }
 }

@@ -11,35 +11,13 @@ use kvgate_openai::{ChatCompletionRequest, CompletionRequest, ErrorResponse, Pro
 use kvgate_tokenize::{ChatRequest, Endpoint, TokenizeError};
 
 use crate::config::Passthrough;
+use crate::route::Route;
 use crate::state::Shared;
 
 /// Bodies (or prompts) up to this size are tokenized on the request's own
 /// task (tens of microseconds); larger ones go to the tokenizer pool so that
 /// they never stall the async workers.
 const INLINE_TOKENIZE_BYTES: usize = 2048;
-
-/// The two generation routes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Route {
-    Chat,
-    Completions,
-}
-
-impl Route {
-    pub(crate) fn path(self) -> &'static str {
-        match self {
-            Route::Chat => "/v1/chat/completions",
-            Route::Completions => "/v1/completions",
-        }
-    }
-
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Route::Chat => "chat",
-            Route::Completions => "completions",
-        }
-    }
-}
 
 /// A request ready to route.
 #[derive(Debug)]

@@ -11,7 +11,8 @@ use kvgate_router::ReplicaInfo;
 use tokio::sync::watch;
 
 use crate::config::ReplicaConfig;
-use crate::state::{lock, read, write, Replica, ReplicaStatus, Shared};
+use crate::locks::{lock, read, write};
+use crate::state::{Replica, ReplicaStatus, Shared};
 
 /// Registers `cfg` and starts its tasks.
 pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replica>, String> {

@@ -28,9 +28,10 @@ use tower::ServiceExt;
 
 use crate::config::GatewayConfig;
 use crate::error::StartError;
-use crate::forward::error_response;
+use crate::locks::read;
 use crate::metrics::Metrics;
-use crate::state::{read, Shared};
+use crate::response::error_response;
+use crate::state::Shared;
 use crate::throttle::{verdict, ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 use crate::{admin, api, registry};
 
@@ -49,7 +50,14 @@ pub struct Gateway {
 async fn client_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let ok = crate::auth::client_allowed(&s.config.auth.api_keys, req.headers());
     let presented = crate::auth::bearer(req.headers()).is_some();
-    match verdict(&s, req.extensions().get(), KeyKind::Client, presented, ok) {
+    match verdict(
+        &s.key_throttle,
+        &s.metrics,
+        req.extensions().get(),
+        KeyKind::Client,
+        presented,
+        ok,
+    ) {
         KeyVerdict::Allowed => next.run(req).await,
         KeyVerdict::Throttled(r) => r,
         KeyVerdict::Denied => {
@@ -66,7 +74,14 @@ async fn client_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> 
 async fn admin_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let ok = crate::auth::admin_allowed(s.config.auth.admin_key.as_ref(), req.headers());
     let presented = crate::auth::admin_key_presented(req.headers());
-    match verdict(&s, req.extensions().get(), KeyKind::Admin, presented, ok) {
+    match verdict(
+        &s.key_throttle,
+        &s.metrics,
+        req.extensions().get(),
+        KeyKind::Admin,
+        presented,
+        ok,
+    ) {
         KeyVerdict::Allowed => next.run(req).await,
         KeyVerdict::Throttled(r) => r,
         KeyVerdict::Denied => {
@@ -283,7 +298,7 @@ impl Gateway {
             key_throttle: KeyThrottle::new(config.limits.key_failures_per_minute),
             block_size,
             closing,
-            peers: crate::peers::Peers::new(),
+            peers: crate::peer_state::Peers::new(),
             config,
         });
         for r in shared.config.replicas.clone() {

@@ -6,7 +6,7 @@
 //! microseconds and never across an `.await`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
 use kvgate_events::subscriber::SubscriberMetrics;
@@ -16,23 +16,10 @@ use kvgate_tokenize::service::TokenizeService;
 use tokio::sync::{watch, Semaphore};
 
 use crate::config::{GatewayConfig, ReplicaConfig};
+use crate::locks::{lock, read};
 use crate::metrics::Metrics;
 use crate::scrape::EngineScrape;
 use crate::snapshot::{FleetSnapshot, ReplicaSnapshot};
-
-/// Locks a mutex; poison only means another thread panicked mid-update of
-/// plain counters, so the data is still usable.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-pub(crate) fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-pub(crate) fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// What kvgate knows about one replica beyond the router.
 #[derive(Debug, Default)]
@@ -97,18 +84,18 @@ pub(crate) struct Replica {
 impl Replica {
     /// `base` + each route's path, parsed.
     pub(crate) fn parse_route_urls(base: &str) -> Result<[reqwest::Url; 2], String> {
-        let parse = |route: crate::prepare::Route| {
+        let parse = |route: crate::route::Route| {
             reqwest::Url::parse(&format!("{base}{}", route.path()))
                 .map_err(|e| format!("invalid URL {base}: {e}"))
         };
-        Ok([parse(crate::prepare::Route::Chat)?, parse(crate::prepare::Route::Completions)?])
+        Ok([parse(crate::route::Route::Chat)?, parse(crate::route::Route::Completions)?])
     }
 
     /// The engine URL for `route`.
-    pub(crate) fn route_url(&self, route: crate::prepare::Route) -> &reqwest::Url {
+    pub(crate) fn route_url(&self, route: crate::route::Route) -> &reqwest::Url {
         match route {
-            crate::prepare::Route::Chat => &self.route_urls[0],
-            crate::prepare::Route::Completions => &self.route_urls[1],
+            crate::route::Route::Chat => &self.route_urls[0],
+            crate::route::Route::Completions => &self.route_urls[1],
         }
     }
 
@@ -146,7 +133,7 @@ pub(crate) struct Shared {
     /// Set on shutdown: new requests get 503.
     pub(crate) closing: watch::Sender<bool>,
     /// Peer instances (load sharing).
-    pub(crate) peers: crate::peers::Peers,
+    pub(crate) peers: crate::peer_state::Peers,
 }
 
 impl Shared {

@@ -124,7 +124,8 @@ pub(crate) enum KeyVerdict {
 /// While the address is throttled the answer is 429 whatever the key, so
 /// a guess learns nothing; a wrong presented key is counted.
 pub(crate) fn verdict(
-    shared: &crate::state::Shared,
+    throttle: &KeyThrottle,
+    metrics: &crate::metrics::Metrics,
     addr: Option<&ClientAddr>,
     kind: KeyKind,
     presented: bool,
@@ -132,20 +133,20 @@ pub(crate) fn verdict(
 ) -> KeyVerdict {
     let now = Instant::now();
     if let Some(ClientAddr(ip)) = addr {
-        if let Some(wait) = shared.key_throttle.blocked(*ip, kind, now) {
-            shared.metrics.rejected("key_throttled");
+        if let Some(wait) = throttle.blocked(*ip, kind, now) {
+            metrics.rejected("key_throttled");
             let e = kvgate_openai::ErrorResponse::rate_limited(
                 "too many wrong keys from this address; retry later",
             );
-            let r = crate::forward::error_response(&e);
-            return KeyVerdict::Throttled(crate::forward::with_retry_after(r, wait));
+            let r = crate::response::error_response(&e);
+            return KeyVerdict::Throttled(crate::response::with_retry_after(r, wait));
         }
     }
     if ok {
         return KeyVerdict::Allowed;
     }
     if let (true, Some(ClientAddr(ip))) = (presented, addr) {
-        shared.key_throttle.failed(*ip, kind, now);
+        throttle.failed(*ip, kind, now);
     }
     KeyVerdict::Denied
 }

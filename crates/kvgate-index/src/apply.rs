@@ -19,10 +19,11 @@ use kvgate_events::{Batch, BlockRemoved, BlockStored, Event, Medium};
 use rustc_hash::FxHashMap;
 
 use crate::capacity::{capacity_slack, enforce_capacity};
-use crate::holders::Holders;
+use crate::holders::{lose_tier, Holders};
 use crate::index::{clear_slot, Index};
 use crate::keys::{chain_key, BlockKey, ROOT_KEY};
-use crate::replica::{EngineEntry, EngineHash, Replica, ReplicaId, SEQ_LIMIT};
+use crate::replica::{EngineEntry, EngineHash, Replica, SEQ_LIMIT};
+use crate::replica_id::ReplicaId;
 use crate::stats::ApplyOutcome;
 use crate::Tier;
 
@@ -269,27 +270,6 @@ pub(crate) fn gain_tier(
     if holders.set(key, slot, tier) {
         *extra_holds.entry((key.0, tier as u8)).or_insert(0) += 1;
     }
-}
-
-/// The replica in `slot` holds `key` in `tier` through one engine hash fewer.
-pub(crate) fn lose_tier(
-    holders: &mut Holders,
-    extra_holds: &mut FxHashMap<(u64, u8), u32>,
-    key: BlockKey,
-    slot: usize,
-    tier: Tier,
-) {
-    if !extra_holds.is_empty() {
-        if let Entry::Occupied(mut extra) = extra_holds.entry((key.0, tier as u8)) {
-            if *extra.get() > 1 {
-                *extra.get_mut() -= 1;
-            } else {
-                extra.remove();
-            }
-            return;
-        }
-    }
-    holders.clear(key, slot, tier);
 }
 
 /// Next insertion sequence number; [`Replica::reserve_seqs`] keeps it in

@@ -10,8 +10,7 @@
 //! per stored block. Each dropped block is counted as an
 //! `over_capacity_evictions` anomaly, because it means removals went missing.
 
-use crate::apply::lose_tier;
-use crate::holders::Holders;
+use crate::holders::{lose_tier, Holders};
 use crate::replica::{EngineHash, Replica};
 use crate::Tier;
 

@@ -5,7 +5,7 @@
 //! anomaly (see `stats.rs`), because a router must keep routing on a lossy
 //! event stream and surface the damage through metrics instead.
 
-use crate::replica::ReplicaId;
+use crate::replica_id::ReplicaId;
 
 /// Why an index management call failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -23,6 +23,27 @@ use rustc_hash::FxHashMap;
 use crate::keys::BlockKey;
 use crate::Tier;
 
+/// The replica in `slot` holds `key` in `tier` through one engine hash fewer.
+pub(crate) fn lose_tier(
+    holders: &mut Holders,
+    extra_holds: &mut FxHashMap<(u64, u8), u32>,
+    key: BlockKey,
+    slot: usize,
+    tier: Tier,
+) {
+    if !extra_holds.is_empty() {
+        if let Entry::Occupied(mut extra) = extra_holds.entry((key.0, tier as u8)) {
+            if *extra.get() > 1 {
+                *extra.get_mut() -= 1;
+            } else {
+                extra.remove();
+            }
+            return;
+        }
+    }
+    holders.clear(key, slot, tier);
+}
+
 /// Replica slots per holder entry.
 pub(crate) const GROUP_SLOTS: usize = 64;
 

@@ -9,7 +9,8 @@
 use crate::capacity::enforce_capacity;
 use crate::error::IndexError;
 use crate::holders::{Holders, GROUP_SLOTS};
-use crate::replica::{Replica, ReplicaId, ReplicaSpec};
+use crate::replica::{Replica, ReplicaSpec};
+use crate::replica_id::ReplicaId;
 use crate::stats::{map_bytes, Anomalies, IndexStats, ReplicaStats};
 use crate::Tier;
 

@@ -9,8 +9,8 @@
 //! Code map:
 //! - `keys.rs`: [`BlockKey`] and [`chain_key`], our own chained content hash,
 //!   shared by the query side and event application.
-//! - `replica.rs`: [`ReplicaId`], [`ReplicaSpec`] and a replica's own map from
-//!   engine hash to our key, tiers and insertion order.
+//! - `replica.rs`: [`ReplicaSpec`] and a replica's own map from engine hash to
+//!   our key, tiers and insertion order; `replica_id.rs`: [`ReplicaId`].
 //! - `holders.rs`: the global map from key to replica bitsets per tier.
 //! - `index.rs`: [`Index`] and replica management.
 //! - `apply.rs`: applying events, with every anomaly counted.
@@ -34,6 +34,7 @@ mod index;
 mod keys;
 mod query;
 mod replica;
+mod replica_id;
 mod stats;
 #[cfg(test)]
 mod testutil;
@@ -46,5 +47,6 @@ pub use keys::{
 };
 pub use kvgate_events::Tier;
 pub use query::PrefixMatch;
-pub use replica::{ReplicaId, ReplicaSpec};
+pub use replica::ReplicaSpec;
+pub use replica_id::ReplicaId;
 pub use stats::{Anomalies, ApplyOutcome, IndexStats, ReplicaStats};

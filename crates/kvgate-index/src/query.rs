@@ -21,7 +21,7 @@
 use crate::holders::GROUP_SLOTS;
 use crate::index::Index;
 use crate::keys::BlockKey;
-use crate::replica::ReplicaId;
+use crate::replica_id::ReplicaId;
 use crate::Tier;
 
 /// One replica's prefix match for one prompt, in blocks (see the module docs

@@ -8,7 +8,6 @@
 //! `u32` of sequence and tier bits) because it is paid once per (block,
 //! replica) pair and dominates the index's memory.
 
-use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
@@ -16,25 +15,6 @@ use rustc_hash::FxHashMap;
 
 use crate::keys::BlockKey;
 use crate::stats::Anomalies;
-
-/// Dense id of a replica inside one [`Index`](crate::Index). Ids of removed
-/// replicas are reused by later additions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ReplicaId(pub u32);
-
-impl ReplicaId {
-    /// The id as an index into [`Index::find_matches`](crate::Index::find_matches)'
-    /// output.
-    pub fn index(self) -> usize {
-        self.0 as usize
-    }
-}
-
-impl fmt::Display for ReplicaId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "replica#{}", self.0)
-    }
-}
 
 /// What the index needs to know about a replica. `(name, dp_rank)` is its
 /// identity: data-parallel ranks of one server are separate caches.

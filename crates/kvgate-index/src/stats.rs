@@ -12,7 +12,7 @@ use std::hash::BuildHasher;
 use std::ops::AddAssign;
 use std::time::Instant;
 
-use crate::replica::ReplicaId;
+use crate::replica_id::ReplicaId;
 
 /// Anomalies seen while applying events. Event-level rejections count
 /// events; per-block problems count blocks (each field says which).

@@ -2,7 +2,7 @@
 //! caller asks for strictness: they are [`crate::LineError`] values, counted
 //! and reported.
 
-use crate::workload::LineError;
+use std::fmt;
 
 /// Why a replay could not be prepared or run.
 #[derive(Debug, thiserror::Error)]
@@ -41,4 +41,19 @@ pub enum ReplayError {
         /// What went wrong.
         message: String,
     },
+}
+
+/// A malformed trace line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LineError {
+    /// 1-based line number in the file.
+    pub line: usize,
+    /// What is wrong with it.
+    pub message: String,
+}
+
+impl fmt::Display for LineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "line {}: {}", self.line, self.message)
+    }
 }

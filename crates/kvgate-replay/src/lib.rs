@@ -36,7 +36,7 @@ mod synthetic;
 mod workload;
 
 pub use capacity::{FleetSpec, KvMemoryModel};
-pub use error::ReplayError;
+pub use error::{LineError, ReplayError};
 pub use fleet::{Fleet, LoadSample, Record};
 pub use metrics::{max_over_mean, Distribution, RunSummary};
 pub use oracle::{oracle_hit_rates, FloorModel, OracleHitRates, PooledLru};
@@ -49,6 +49,6 @@ pub use run::{
 pub use scoreboard::{render_scoreboard, scoreboard, LevelScore, PolicyScore};
 pub use synthetic::{SyntheticKind, SyntheticSpec};
 pub use workload::{
-    detect_format, mooncake_tokens, parse_messages, parse_mooncake, LineError, Prompt, TraceFormat,
+    detect_format, mooncake_tokens, parse_messages, parse_mooncake, Prompt, TraceFormat,
     TraceRequest, Workload, MOONCAKE_BLOCK_TOKENS,
 };

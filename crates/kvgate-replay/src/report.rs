@@ -6,9 +6,10 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::capacity::FleetSpec;
+use crate::error::LineError;
 use crate::metrics::RunSummary;
 use crate::run::LevelSearch;
-use crate::workload::{LineError, Workload};
+use crate::workload::Workload;
 
 /// The workload, as reported.
 #[derive(Clone, Debug, Serialize)]

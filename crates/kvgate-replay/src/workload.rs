@@ -16,13 +16,12 @@
 //! A bad line is a [`LineError`] with its 1-based line number: skipped and
 //! kept in [`Workload::skipped`], or, when parsing is strict, the error.
 
-use std::fmt;
 use std::time::Duration;
 
 use kvgate_tokenize::{ChatRequest, ChatTokenizer};
 use serde::Deserialize;
 
-use crate::error::ReplayError;
+use crate::error::{LineError, ReplayError};
 
 /// Tokens per Mooncake hash id.
 pub const MOONCAKE_BLOCK_TOKENS: usize = 512;
@@ -32,21 +31,6 @@ const VOCAB: u64 = 150_000;
 const DEFAULT_OUTPUT_TOKENS: u32 = 256;
 /// Spacing of `messages` lines without a `timestamp`.
 const DEFAULT_SPACING: Duration = Duration::from_secs(1);
-
-/// A malformed trace line.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LineError {
-    /// 1-based line number in the file.
-    pub line: usize,
-    /// What is wrong with it.
-    pub message: String,
-}
-
-impl fmt::Display for LineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "line {}: {}", self.line, self.message)
-    }
-}
 
 /// A request's prompt, compact until sent.
 #[derive(Clone, Debug, PartialEq, Eq)]

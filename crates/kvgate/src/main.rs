@@ -57,6 +57,7 @@ fn run() -> anyhow::Result<()> {
             let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             runtime.block_on(sim_cmd::run(*args))
         }
+        cli::Command::Replay(args) if args.suite => replay_suite::run_suite(&args),
         cli::Command::Replay(args) => replay_cmd::run(&args),
         cli::Command::Serve(args) => {
             let config = serve_cmd::config(&args)?;

@@ -318,10 +318,9 @@ fn progress_bar(len: u64, what: &str) -> ProgressBar {
     pb
 }
 
+/// One workload (or trace) through every policy; `--suite` is
+/// `replay_suite::run_suite`, dispatched by `main`.
 pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
-    if args.suite {
-        return crate::replay_suite::run_suite(args);
-    }
     if args.mode == Mode::Fast && args.speedup.is_some() {
         eprintln!("kvgate replay: --speedup applies to live mode; fast mode runs in virtual time");
     }

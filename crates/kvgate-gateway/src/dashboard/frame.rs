@@ -8,9 +8,9 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use super::ttft_ring::TtftSummary;
 use super::window::{Rates, ReplicaRates};
 use crate::snapshot::{FleetSnapshot, ReplicaSnapshot};
+use crate::ttft_ring::TtftSummary;
 
 /// One replica: its snapshot and how its counters moved.
 #[derive(Debug, Serialize)]

@@ -13,7 +13,8 @@ use tokio::sync::watch;
 use super::frame::Frame;
 use super::window::{Sample, Window};
 use crate::admin::recent_decisions_json;
-use crate::state::{lock, Shared};
+use crate::locks::lock;
+use crate::state::Shared;
 
 /// The latest frame, as JSON text.
 pub(crate) type FrameText = Option<Arc<str>>;

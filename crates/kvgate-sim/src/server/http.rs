@@ -6,12 +6,10 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
-use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use kvgate_events::publisher::drop_decision;
 use kvgate_events::BlockHash;
 use kvgate_openai::{ChatCompletionRequest, CompletionRequest, Prompt};
@@ -21,46 +19,9 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{FinishReason, RequestId, TokenOutput};
 use crate::server::driver::{Command, NewRequest};
-use crate::server::{render, AppState};
+use crate::server::AppState;
 
 pub(super) type Shared = Arc<AppState>;
-
-pub(crate) fn router(state: Shared) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .route("/v1/models", get(models))
-        .route("/metrics", get(metrics))
-        .route("/reset_prefix_cache", post(reset_prefix_cache))
-        .route("/debug/kv_blocks", get(kv_blocks))
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/inference/v1/generate", post(generate_tokens))
-        .route("/v1/chat/completions/render", post(render::chat))
-        .route("/v1/completions/render", post(render::completions))
-        .route("/version", get(render::version))
-        .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
-        .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
-        .with_state(state)
-}
-
-/// vLLM's `--api-key`: only paths under `/v1` need the bearer token.
-async fn auth(State(state): State<Shared>, req: Request, next: Next) -> Response {
-    if let Some(key) = &state.config.api_key {
-        if req.uri().path().starts_with("/v1") && req.method() != axum::http::Method::OPTIONS {
-            let ok = req
-                .headers()
-                .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .is_some_and(|v| v.strip_prefix("Bearer ") == Some(key.as_str()));
-            if !ok {
-                return (StatusCode::UNAUTHORIZED, Json(json!({"error": "Unauthorized"})))
-                    .into_response();
-            }
-        }
-    }
-    next.run(req).await
-}
 
 pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     let kind = if status == StatusCode::NOT_FOUND { "NotFoundError" } else { "BadRequestError" };
@@ -96,11 +57,11 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-async fn health() -> StatusCode {
+pub(super) async fn health() -> StatusCode {
     StatusCode::OK
 }
 
-async fn models(State(state): State<Shared>) -> Json<Value> {
+pub(super) async fn models(State(state): State<Shared>) -> Json<Value> {
     Json(json!({
         "object": "list",
         "data": [{
@@ -115,7 +76,7 @@ async fn models(State(state): State<Shared>) -> Json<Value> {
     }))
 }
 
-async fn metrics(State(state): State<Shared>) -> Response {
+pub(super) async fn metrics(State(state): State<Shared>) -> Response {
     let text = state.metrics.render(&state.config.model, &state.config.engine);
     (
         [(
@@ -130,7 +91,7 @@ async fn metrics(State(state): State<Shared>) -> Response {
 /// Debug (not a vLLM endpoint): the block hashes the engine really holds,
 /// per tier, as its KV events name them (ints, or 32 bytes in hex), so that
 /// tests can compare a router's event-fed view with the truth.
-async fn kv_blocks(State(state): State<Shared>) -> Response {
+pub(super) async fn kv_blocks(State(state): State<Shared>) -> Response {
     let (tx, rx) = oneshot::channel();
     if state.commands.send(Command::CachedBlocks(tx)).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
@@ -157,7 +118,7 @@ async fn kv_blocks(State(state): State<Shared>) -> Response {
     .into_response()
 }
 
-async fn reset_prefix_cache(State(state): State<Shared>) -> Response {
+pub(super) async fn reset_prefix_cache(State(state): State<Shared>) -> Response {
     let (tx, rx) = oneshot::channel();
     if state.commands.send(Command::ResetPrefixCache(tx)).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
@@ -216,7 +177,7 @@ pub(super) fn parse_chat(
     Ok((value, request))
 }
 
-async fn chat(State(state): State<Shared>, body: Bytes) -> Response {
+pub(super) async fn chat(State(state): State<Shared>, body: Bytes) -> Response {
     let (value, request) = match parse_chat(&state, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -253,7 +214,7 @@ pub(super) async fn chat_prompt(
     Ok((ids, true))
 }
 
-async fn completions(State(state): State<Shared>, body: Bytes) -> Response {
+pub(super) async fn completions(State(state): State<Shared>, body: Bytes) -> Response {
     let request = match CompletionRequest::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return bad(format!("invalid completion request: {e}")),
@@ -343,7 +304,7 @@ async fn completions_batch(
 
 /// `POST /inference/v1/generate`: `{"token_ids": [...], "sampling_params":
 /// {...}, "stream": bool}`; answers token ids, never text. No tokenization.
-async fn generate_tokens(State(state): State<Shared>, body: Bytes) -> Response {
+pub(super) async fn generate_tokens(State(state): State<Shared>, body: Bytes) -> Response {
     let value = match parse_json(&body) {
         Ok(v) => v,
         Err(r) => return r.into_response(),
@@ -606,7 +567,7 @@ fn finished_one(state: &AppState) {
     }
 }
 
-async fn tokenize(State(state): State<Shared>, body: Bytes) -> Response {
+pub(super) async fn tokenize(State(state): State<Shared>, body: Bytes) -> Response {
     let value = match parse_json(&body) {
         Ok(v) => v,
         Err(r) => return r.into_response(),
@@ -624,7 +585,7 @@ async fn tokenize(State(state): State<Shared>, body: Bytes) -> Response {
     }
 }
 
-async fn detokenize(State(state): State<Shared>, body: Bytes) -> Response {
+pub(super) async fn detokenize(State(state): State<Shared>, body: Bytes) -> Response {
     let value = match parse_json(&body) {
         Ok(v) => v,
         Err(r) => return r.into_response(),

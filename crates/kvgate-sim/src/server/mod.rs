@@ -9,6 +9,7 @@ mod driver;
 mod http;
 pub mod metrics;
 mod render;
+mod routes;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -201,7 +202,7 @@ pub async fn start(
         finished: AtomicU64::new(0),
         exit: exit_tx,
     });
-    let app = http::router(state);
+    let app = routes::router(state);
     let (shutdown, mut shutdown_rx) = watch::channel(false);
     // vLLM's server (uvicorn) sets TCP_NODELAY; without it, small SSE writes
     // on a kept-alive connection wait for the client's delayed ACK (~40 ms).

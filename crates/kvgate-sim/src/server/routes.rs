@@ -1,0 +1,54 @@
+//! The replica's HTTP surface: every route, mounted in one place, behind
+//! vLLM's `--api-key` check. Handlers live in `http.rs` (generation, models,
+//! metrics, tokenize) and `render.rs` (render and version); this module is
+//! the only one that names both.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+
+use crate::server::http::{self, Shared};
+use crate::server::render;
+
+pub(crate) fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/health", get(http::health))
+        .route("/v1/models", get(http::models))
+        .route("/metrics", get(http::metrics))
+        .route("/reset_prefix_cache", post(http::reset_prefix_cache))
+        .route("/debug/kv_blocks", get(http::kv_blocks))
+        .route("/v1/chat/completions", post(http::chat))
+        .route("/v1/completions", post(http::completions))
+        .route("/inference/v1/generate", post(http::generate_tokens))
+        .route("/v1/chat/completions/render", post(render::chat))
+        .route("/v1/completions/render", post(render::completions))
+        .route("/version", get(render::version))
+        .route("/tokenize", post(http::tokenize))
+        .route("/detokenize", post(http::detokenize))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), auth))
+        .with_state(state)
+}
+
+/// vLLM's `--api-key`: only paths under `/v1` need the bearer token.
+async fn auth(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    if let Some(key) = &state.config.api_key {
+        if req.uri().path().starts_with("/v1") && req.method() != axum::http::Method::OPTIONS {
+            let ok = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.strip_prefix("Bearer ") == Some(key.as_str()));
+            if !ok {
+                return (StatusCode::UNAUTHORIZED, Json(json!({"error": "Unauthorized"})))
+                    .into_response();
+            }
+        }
+    }
+    next.run(req).await
+}
