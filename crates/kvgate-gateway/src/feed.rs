@@ -11,29 +11,32 @@ use tokio::sync::mpsc;
 use crate::locks::{lock, write};
 use crate::state::{Replica, Shared};
 
-/// Runs the subscriber of `replica` until it is stopped.
-pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) {
-    let Some(endpoint) = replica.config.events.clone() else { return };
+/// Runs the subscriber of `replica` until it is stopped. An error says why
+/// it ended otherwise (the supervisor restarts it).
+pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) -> Result<(), String> {
+    let Some(endpoint) = replica.config.events.clone() else { return Ok(()) };
     let mut cfg = SubscriberConfig::new(endpoint);
     cfg.replay_endpoint = replica.config.replay.clone();
     cfg.topic = replica.config.topic.clone();
     let (tx, mut rx) = mpsc::channel(1024);
     let sub = Subscriber::new(cfg, Arc::clone(&replica.events), tx);
     let mut stop = replica.stop.subscribe();
-    let name = replica.name.clone();
-    let task = tokio::spawn(async move {
+    let mut task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stop.wait_for(|v| *v).await;
         };
-        if let Err(e) = sub.run(shutdown).await {
-            tracing::warn!(replica = %name, error = %e, "event subscriber stopped");
-        }
+        sub.run(shutdown).await
     });
     let rebuild = Duration::from_millis(shared.config.monitor.rebuild_ms);
     while let Some(update) = rx.recv().await {
         apply(&shared, &replica, update, rebuild);
     }
-    task.abort();
+    // The channel closes when the subscriber ends, for whatever reason.
+    match (&mut task).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("event subscriber stopped: {e}")),
+        Err(e) => Err(format!("event subscriber task: {e}")),
+    }
 }
 
 fn apply(shared: &Shared, replica: &Replica, update: Update, rebuild: Duration) {

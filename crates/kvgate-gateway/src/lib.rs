@@ -13,7 +13,8 @@
 //! - `relay.rs`: SSE streaming with first-token detection and error tails.
 //! - `feed.rs`: one KV-event subscriber per replica into the index.
 //! - `monitor.rs`, `scrape.rs`: health probes and `/metrics` scraping.
-//! - `registry.rs`: adding, draining and removing replicas.
+//! - `registry.rs`: adding, draining and removing replicas; `supervise.rs`:
+//!   their tasks restarted (and the replica made safe) when one ends.
 //! - `admin.rs`: `/admin/replicas`, `/admin/decisions`.
 //! - `dashboard.rs`, `dashboard/`: `/dashboard`, its live stream and login.
 //! - `auth.rs`: constant-time keys, forwarded-header allow-list.
@@ -24,7 +25,8 @@
 //!   answers, in one place.
 //! - `state.rs`, `snapshot.rs`, `metrics.rs`, `ttft_ring.rs`: shared state,
 //!   its snapshot, Prometheus exposition, recent TTFTs.
-//! - `locks.rs`: poison-tolerant lock helpers.
+//! - `locks.rs`: poison-tolerant lock helpers; `upkeep.rs`: the router's
+//!   expiry on a timer.
 
 mod admin;
 mod api;
@@ -50,8 +52,10 @@ mod scrape;
 mod server;
 mod snapshot;
 mod state;
+mod supervise;
 mod throttle;
 mod ttft_ring;
+mod upkeep;
 
 pub use config::{GatewayConfig, Passthrough, ReplicaConfig};
 pub use error::{ConfigError, StartError};

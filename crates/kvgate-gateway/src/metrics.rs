@@ -70,6 +70,11 @@ struct RouteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    task: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
 }
@@ -130,6 +135,7 @@ pub(crate) struct Metrics {
     retries: Family<ReasonLabels, Counter>,
     stream_errors: Family<ReasonLabels, Counter>,
     rejected: Family<ReasonLabels, Counter>,
+    task_restarts: Family<TaskLabels, Counter>,
     open_connections: Gauge,
     connections_refused: Counter,
     /// The last TTFTs with their times, for the dashboard's percentiles.
@@ -154,6 +160,10 @@ impl Metrics {
         let retries = Family::<ReasonLabels, Counter>::default();
         let stream_errors = Family::<ReasonLabels, Counter>::default();
         let rejected = Family::<ReasonLabels, Counter>::default();
+        let task_restarts = Family::<TaskLabels, Counter>::default();
+        for task in ["feed", "monitor"] {
+            drop(task_restarts.get_or_create(&TaskLabels { task }));
+        }
         let open_connections = Gauge::default();
         let connections_refused = Counter::default();
         // Known reasons are exported from the start (as 0), so that `rate()`
@@ -231,6 +241,11 @@ impl Metrics {
             stream_errors.clone(),
         );
         registry.register("rejected", "Requests refused, by reason", rejected.clone());
+        registry.register(
+            "replica_task_restarts",
+            "Replica background tasks (event feed, monitor) that ended unexpectedly and were restarted",
+            task_restarts.clone(),
+        );
 
         Metrics {
             registry,
@@ -244,6 +259,7 @@ impl Metrics {
             retries,
             stream_errors,
             rejected,
+            task_restarts,
             open_connections,
             connections_refused,
             recent_ttft: RecentTtft::default(),
@@ -323,6 +339,10 @@ impl Metrics {
 
     /// A refusal: `"all_busy"`, `"no_replica"`, `"overloaded"`,
     /// `"unauthorized"` or `"invalid"`.
+    pub(crate) fn task_restarted(&self, task: &'static str) {
+        self.task_restarts.get_or_create(&TaskLabels { task }).inc();
+    }
+
     pub(crate) fn rejected(&self, reason: &'static str) {
         self.rejected.get_or_create(&ReasonLabels { reason }).inc();
     }

@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use crate::config::ReplicaConfig;
 use crate::locks::{lock, read, write};
 use crate::state::{Replica, ReplicaStatus, Shared};
+use crate::supervise::{self, Task};
 
 /// Registers `cfg` and starts its tasks.
 pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replica>, String> {
@@ -64,9 +65,12 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
     }
     write(&shared.replicas).push(Arc::clone(&replica));
     if replica.config.events.is_some() {
-        tokio::spawn(crate::feed::run(Arc::clone(shared), Arc::clone(&replica)));
+        supervise::spawn_replica_task(shared, &replica, Task::Feed, crate::feed::run);
     }
-    tokio::spawn(crate::monitor::run(Arc::clone(shared), Arc::clone(&replica)));
+    supervise::spawn_replica_task(shared, &replica, Task::Monitor, |s, r| async move {
+        crate::monitor::run(s, r).await;
+        Ok(())
+    });
     tracing::info!(
         replica = %replica.name,
         events = replica.config.events.as_deref().unwrap_or("none"),

@@ -334,6 +334,7 @@ impl Gateway {
                 .with_state(Arc::clone(&shared));
             servers.push(serve(l, p, &shared, stop_rx.clone()));
         }
+        servers.push(tokio::spawn(crate::upkeep::run(Arc::clone(&shared), stop_rx.clone())));
         if shared.config.peers.enabled() {
             servers.push(tokio::spawn(crate::peers::run(Arc::clone(&shared), stop_rx.clone())));
         }

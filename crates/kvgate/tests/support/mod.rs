@@ -190,6 +190,14 @@ pub async fn get_json(url: &str) -> Value {
     r.json().await.unwrap()
 }
 
+/// The sample of `name{labels}` on a Prometheus page (0 when absent);
+/// `labels` as exposed, e.g. `outcome="added"`.
+pub async fn metric_with(url: &str, name: &str, labels: &str) -> f64 {
+    let text = client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
+    let prefix = format!("{name}{{{labels}}} ");
+    text.lines().find_map(|l| l.strip_prefix(prefix.as_str())?.parse::<f64>().ok()).unwrap_or(0.0)
+}
+
 /// The sum of every sample of `name` on a Prometheus page.
 pub async fn metric(url: &str, name: &str) -> f64 {
     let text = client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
