@@ -10,6 +10,11 @@ pub(crate) enum Route {
 }
 
 impl Route {
+    /// The generation route a request path names, if any.
+    pub(crate) fn of_path(path: &str) -> Option<Route> {
+        [Route::Chat, Route::Completions].into_iter().find(|r| r.path() == path)
+    }
+
     pub(crate) fn path(self) -> &'static str {
         match self {
             Route::Chat => "/v1/chat/completions",
@@ -22,5 +27,19 @@ impl Route {
             Route::Chat => "chat",
             Route::Completions => "completions",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_their_routes() {
+        for r in [Route::Chat, Route::Completions] {
+            assert_eq!(Route::of_path(r.path()), Some(r));
+        }
+        assert_eq!(Route::of_path("/v1/models"), None);
+        assert_eq!(Route::of_path("/v1/completions/"), None);
     }
 }

@@ -31,6 +31,7 @@ use crate::error::StartError;
 use crate::locks::read;
 use crate::metrics::Metrics;
 use crate::response::error_response;
+use crate::route::Route;
 use crate::state::Shared;
 use crate::throttle::{verdict, ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 use crate::{admin, api, registry};
@@ -59,16 +60,26 @@ async fn client_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> 
         ok,
     ) {
         KeyVerdict::Allowed => next.run(req).await,
-        KeyVerdict::Throttled(r) => r,
+        KeyVerdict::Throttled(r) => count_refused(&s, req.uri().path(), r),
         KeyVerdict::Denied => {
             s.metrics.rejected("unauthorized");
             let mut r =
                 error_response(&ErrorResponse::authentication("invalid or missing API key"));
             r.headers_mut()
                 .insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
-            r
+            count_refused(&s, req.uri().path(), r)
         }
     }
+}
+
+/// A generation request refused before its handler ran (401, 429) is still
+/// an answered request: `kvgate_requests_total` counts it, by route and
+/// status, with no replica.
+fn count_refused(s: &Shared, path: &str, r: Response) -> Response {
+    if let Some(route) = Route::of_path(path) {
+        s.metrics.request(route.label(), r.status().as_u16(), "");
+    }
+    r
 }
 
 async fn admin_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {

@@ -270,3 +270,43 @@ async fn wrong_keys_are_throttled_per_address_and_kind() {
         http.get(format!("{}/metrics", serve.base)).bearer_auth(CLIENT_KEY).send().await.unwrap();
     assert_eq!(metrics.status(), 429, "/metrics is behind the client keys, throttled too");
 }
+
+/// Requests refused by the key check are answered requests too:
+/// `kvgate_requests_total` counts them by route and status (issue 19; they
+/// used to be counted only as `kvgate_rejected_total`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_requests_are_counted_by_route_and_status() {
+    const KEY: &str = "client-key-123456";
+    let serve = spawn_serve(&[], &["--api-key", KEY, "--sim-replicas", "1"]);
+    wait_ready(&serve.base).await;
+    let http = client();
+    let body = serde_json::json!({"model": "Qwen/Qwen3-0.6B", "prompt": "hi", "max_tokens": 1});
+    for key in [None, None, Some("client-guess-0000")] {
+        let mut rb = http.post(format!("{}/v1/chat/completions", serve.base)).json(&body);
+        if let Some(k) = key {
+            rb = rb.bearer_auth(k);
+        }
+        assert_eq!(rb.send().await.unwrap().status(), 401);
+    }
+    let r = http.post(format!("{}/v1/completions", serve.base)).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let text = http
+        .get(format!("{}/metrics", serve.base))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |route: &str, status: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with("kvgate_requests_total{"))
+            .filter(|l| l.contains(&format!("route=\"{route}\"")))
+            .filter(|l| l.contains(&format!("status=\"{status}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(count("chat", "401"), 3.0, "{text}");
+    assert_eq!(count("completions", "401"), 1.0, "{text}");
+}
