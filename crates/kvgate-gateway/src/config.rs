@@ -385,6 +385,11 @@ pub struct GatewayConfig {
     /// per four cores, at least one. Tokenization has its own threads
     /// (`model.tokenizer_threads`).
     pub worker_threads: usize,
+    /// How often an idle gateway hands freed memory back to the OS, ms; 0
+    /// never (and no purge after the tokenizer load). The allocator returns
+    /// pages only while something allocates, so without this a quiet
+    /// gateway keeps its load-time and burst-time peaks resident.
+    pub memory_release_ms: u64,
     /// The model.
     pub model: ModelConfig,
     /// Replicas; none starts `embedded_sims`.
@@ -415,6 +420,7 @@ impl Default for GatewayConfig {
             metrics_listen: None,
             replica_header: true,
             worker_threads: 0,
+            memory_release_ms: 2000,
             model: ModelConfig::default(),
             replicas: Vec::new(),
             router: RouterConfig::default(),
@@ -549,7 +555,17 @@ impl GatewayConfig {
                 return bad(format!("replica {:?} is listed twice", r.url));
             }
             for ep in [&r.events, &r.replay].into_iter().flatten() {
-                if !ep.starts_with("tcp://") {
+                // Checked here, not only when the subscriber dials it: a
+                // typo would otherwise surface as a feed that restarts
+                // forever (supervise.rs) instead of a refusal to start.
+                let host_port = ep.strip_prefix("tcp://").and_then(|hp| hp.rsplit_once(':'));
+                let valid = host_port.is_some_and(|(host, port)| {
+                    !host.is_empty()
+                        && !port.is_empty()
+                        && port.bytes().all(|b| b.is_ascii_digit())
+                        && port.parse::<u16>().is_ok_and(|p| p > 0)
+                });
+                if !valid {
                     return bad(format!(
                         "replica {:?}: endpoint {ep:?} must be tcp://HOST:PORT",
                         r.url

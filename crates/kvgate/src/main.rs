@@ -24,9 +24,10 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// How often an idle process hands free memory back to the OS. mimalloc
-/// itself waits 1 s after a free before purging; checking every 2 s bounds
-/// the wait to about 3 s and costs one cheap call per tick.
+/// How often an idle `kvgate sim` hands free memory back to the OS (serve:
+/// `memory_release_ms`, same default). mimalloc itself waits 1 s after a
+/// free before purging; checking every 2 s bounds the wait to about 3 s and
+/// costs one cheap call per tick.
 const RELEASE_PERIOD: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn run() -> anyhow::Result<()> {
@@ -41,10 +42,9 @@ fn run() -> anyhow::Result<()> {
     init_logging(cli.log.as_deref());
     // Long-running commands give freed memory back when they go quiet
     // (kvgate-alloc: mimalloc purges only while something allocates).
+    // (`serve` takes its period from its config: `memory_release_ms`.)
     let _releaser = match cli.command {
-        cli::Command::Serve(_) | cli::Command::Sim(_) => {
-            Some(kvgate_alloc::Releaser::start(RELEASE_PERIOD)?)
-        }
+        cli::Command::Sim(_) => Some(kvgate_alloc::Releaser::start(RELEASE_PERIOD)?),
         _ => None,
     };
     match cli.command {
@@ -69,6 +69,9 @@ fn run() -> anyhow::Result<()> {
                 print!("{}", toml::to_string(&config.without_secrets())?);
                 return Ok(());
             }
+            let _releaser = kvgate_alloc::Releaser::start(std::time::Duration::from_millis(
+                config.memory_release_ms,
+            ))?;
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(config.runtime_threads(cores))

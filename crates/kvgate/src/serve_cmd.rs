@@ -145,10 +145,13 @@ pub(crate) async fn run(mut config: GatewayConfig) -> anyhow::Result<()> {
         config.replicas = r;
         sims = s;
     }
+    let release = config.memory_release_ms > 0;
     let gateway = Gateway::start(config).await?;
     // Loading the tokenizer freed its JSON parse (~200 MB); give it back
     // now rather than leave it resident until traffic starts.
-    kvgate_alloc::release_free_memory(true);
+    if release {
+        kvgate_alloc::release_free_memory(true);
+    }
     println!(
         "kvgate serving on http://{} (admin: {}) with {} replicas",
         gateway.local_addr(),

@@ -113,6 +113,23 @@ fn serve_with_no_replicas_runs_simulated_ones_and_stops_on_sigterm() {
     assert!(err.contains("kvgate stopped"), "{err}");
 }
 
+/// An event endpoint that cannot be dialled is refused at start, with the
+/// replica and the expected form named; not discovered later as a feed that
+/// restarts forever.
+#[test]
+fn serve_refuses_an_event_endpoint_that_does_not_parse() {
+    for ep in ["tcp://127.0.0.1:notaport", "tcp://:5557", "tcp://h:+5", "tcp://h:0", "ipc:///x"] {
+        let spec = format!("http://127.0.0.1:9,events={ep}");
+        let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args(["serve", "--replica", &spec, "--print-config"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{ep} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("must be tcp://HOST:PORT") && err.contains(ep), "{ep}: {err}");
+    }
+}
+
 #[test]
 fn serve_refuses_to_expose_itself_without_keys() {
     let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
