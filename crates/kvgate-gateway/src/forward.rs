@@ -40,7 +40,16 @@ pub(crate) async fn forward(
     let mut queued_since: Option<Instant> = None;
     let mut last_error: Option<ErrorResponse> = None;
     let max_retries = shared.config.limits.max_retries;
+    // Someone is already waiting for a replica: queue behind them rather
+    // than take the next free one first (admission.rs).
+    let mut ticket = (!shared.admission.is_empty()).then(|| {
+        queued_since = Some(Instant::now());
+        shared.admission.join()
+    });
     loop {
+        if let Some(t) = &ticket {
+            shared.admission.turn(t).await;
+        }
         let now = Instant::now();
         let decision = {
             let req = RouteRequest {
@@ -57,10 +66,19 @@ pub(crate) async fn forward(
             router.decide(&req, &index, now)
         };
         shared.metrics.decide_time(now.elapsed().as_secs_f64());
+        if !matches!(decision, Decision::Wait { .. }) {
+            // Routed or rejected: the next in line goes now.
+            drop(ticket.take());
+        }
         let routed = match decision {
             Decision::Routed(r) => r,
             Decision::Wait { retry_after } => {
                 queued_since.get_or_insert(now);
+                if ticket.is_none() {
+                    ticket = Some(shared.admission.join());
+                }
+                // Only the head of the queue gets here; the others wait in
+                // `turn` without asking the router.
                 tokio::time::sleep(retry_after).await;
                 continue;
             }

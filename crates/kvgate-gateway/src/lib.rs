@@ -9,7 +9,8 @@
 //!   auth middleware, graceful shutdown.
 //! - `api.rs`: generation entry points, models, tokenize, health, ready, metrics.
 //! - `prepare.rs`: parse, check, tokenize, block keys, passthrough bodies.
-//! - `forward.rs`: decide, send, retry before the first byte, whole responses.
+//! - `forward.rs`: decide, send, retry before the first byte, whole responses;
+//!   `admission.rs`: the first-come queue of requests waiting for a replica.
 //! - `relay.rs`: SSE streaming with first-token detection and error tails.
 //! - `feed.rs`: one KV-event subscriber per replica into the index.
 //! - `monitor.rs`, `scrape.rs`: health probes and `/metrics` scraping.
@@ -29,6 +30,7 @@
 //!   expiry on a timer.
 
 mod admin;
+mod admission;
 mod api;
 mod auth;
 mod cluster_config;

@@ -732,6 +732,13 @@ impl SnapshotCollector {
             none(l.late_updates),
         )?;
         gauges(enc, "ledger_in_flight", "Bookings in flight", None, none(s.in_flight))?;
+        gauges(
+            enc,
+            "admission_waiting",
+            "Requests waiting for a replica to stop being busy",
+            None,
+            none(s.admission_waiting),
+        )?;
         self.encode_peers(enc)?;
 
         let decisions = ["routed", "wait", "rejected"]
@@ -852,6 +859,7 @@ mod tests {
                 ..Default::default()
             },
             in_flight: 8,
+            admission_waiting: 3,
             decisions: [10, 2, 1],
             tentative: TentativeStats {
                 added: 30,
@@ -949,6 +957,7 @@ mod tests {
                 r#"kvgate_ledger_releases_total{reason="replica_removed"} 0"#,
                 "kvgate_ledger_late_updates_total 4",
                 "kvgate_ledger_in_flight 8",
+                "kvgate_admission_waiting 3",
                 r#"kvgate_decisions_total{outcome="routed"} 10"#,
                 r#"kvgate_decisions_total{outcome="wait"} 2"#,
                 r#"kvgate_decisions_total{outcome="rejected"} 1"#,

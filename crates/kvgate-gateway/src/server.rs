@@ -298,6 +298,7 @@ impl Gateway {
         let (closing, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             inflight: Arc::new(Semaphore::new(config.limits.max_concurrent_requests)),
+            admission: Arc::default(),
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
             tokenizer: Arc::new(tokenizer),
             index: std::sync::RwLock::new(Index::new()),

@@ -100,6 +100,8 @@ pub struct FleetSnapshot {
     pub ledger: LedgerTotals,
     /// Bookings in flight.
     pub in_flight: u64,
+    /// Requests waiting for a replica to stop being busy (first-come queue).
+    pub admission_waiting: u64,
     /// Decisions routed / asked to wait / rejected.
     pub decisions: [u64; 3],
     /// Tentative-block counters.

@@ -123,6 +123,9 @@ pub(crate) struct Shared {
     pub(crate) client: reqwest::Client,
     pub(crate) metrics: Metrics,
     pub(crate) inflight: Arc<Semaphore>,
+    /// Requests waiting for a replica to stop being busy, first come first
+    /// served.
+    pub(crate) admission: Arc<crate::admission::Admission>,
     /// Client connections open, bounded by `limits.max_connections`.
     pub(crate) connections: Arc<Semaphore>,
     pub(crate) started: Instant,
@@ -197,6 +200,7 @@ impl Shared {
             index_distinct_keys: index.distinct_keys(),
             ledger: router.ledger_totals(),
             in_flight: router.in_flight() as u64,
+            admission_waiting: self.admission.len() as u64,
             tentative: router.tentative_stats(),
             cpu_seconds: crate::metrics::process_cpu_seconds(),
             uptime_s: now.saturating_duration_since(self.started).as_secs_f64(),

@@ -1,0 +1,139 @@
+//! First-come admission for requests that find every replica busy.
+//!
+//! Before, each waiting request polled the router on its own timer, so when
+//! a replica freed up, whichever poll came next took it: arrival order did
+//! not count, and every poll of every waiter wrote a `Wait` entry that
+//! pushed real decisions out of the decision log. Now waiters stand in one
+//! queue: only the head asks the router (at `router.queue_poll_ms`), a
+//! request that arrives while anyone waits queues behind them instead of
+//! deciding first, and the next in line is woken the moment the head is
+//! routed, rejected or gives up (its [`Ticket`] dropped).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::locks::lock;
+
+/// The queue of waiting requests.
+#[derive(Debug, Default)]
+pub(crate) struct Admission {
+    inner: Mutex<Inner>,
+    turn: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    queue: VecDeque<u64>,
+    next_id: u64,
+}
+
+/// A place in the queue; dropping it leaves the queue and wakes the next.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    admission: Arc<Admission>,
+    id: u64,
+}
+
+impl Admission {
+    /// Whether anyone is waiting.
+    pub(crate) fn is_empty(&self) -> bool {
+        lock(&self.inner).queue.is_empty()
+    }
+
+    /// How many are waiting.
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.inner).queue.len()
+    }
+
+    /// Joins the back of the queue.
+    pub(crate) fn join(self: &Arc<Self>) -> Ticket {
+        let mut inner = lock(&self.inner);
+        let id = inner.next_id;
+        inner.next_id += 1;
+        inner.queue.push_back(id);
+        Ticket { admission: Arc::clone(self), id }
+    }
+
+    /// Returns once `ticket` is at the head of the queue.
+    pub(crate) async fn turn(&self, ticket: &Ticket) {
+        loop {
+            // Registered before the check, so a wake between the check and
+            // the await is not lost.
+            let notified = self.turn.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if lock(&self.inner).queue.front() == Some(&ticket.id) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut inner = lock(&self.admission.inner);
+        let was_head = inner.queue.front() == Some(&self.id);
+        inner.queue.retain(|&id| id != self.id);
+        drop(inner);
+        if was_head {
+            self.admission.turn.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Three waiters are served in the order they joined, each as soon as
+    /// the one before it leaves; one that gives up in the middle of the
+    /// queue neither blocks nor wakes anyone.
+    #[tokio::test(start_paused = true)]
+    async fn waiters_are_served_first_come() {
+        let adm = Arc::new(Admission::default());
+        let order: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let tickets: Vec<Ticket> = (0..4).map(|_| adm.join()).collect();
+        assert_eq!(adm.len(), 4);
+        let mut tasks = Vec::new();
+        for (n, t) in tickets.into_iter().enumerate() {
+            let (adm, order) = (Arc::clone(&adm), Arc::clone(&order));
+            tasks.push(tokio::spawn(async move {
+                if n == 2 {
+                    // Gives up while two are ahead of it.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    drop(t);
+                    return;
+                }
+                adm.turn(&t).await;
+                order.lock().unwrap().push(n as u32);
+                // Holds the head for a while, as a routed request would
+                // not: the next must wait for this drop.
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(t);
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1, 3]);
+        assert!(adm.is_empty());
+    }
+
+    /// The head's turn is immediate; a later ticket waits until then.
+    #[tokio::test(start_paused = true)]
+    async fn only_the_head_has_its_turn() {
+        let adm = Arc::new(Admission::default());
+        let first = adm.join();
+        let second = adm.join();
+        adm.turn(&first).await;
+        let waiting = tokio::time::timeout(Duration::from_secs(1), adm.turn(&second)).await;
+        assert!(waiting.is_err(), "the second got a turn while the first was at the head");
+        drop(first);
+        tokio::time::timeout(Duration::from_millis(1), adm.turn(&second)).await.unwrap();
+    }
+}
