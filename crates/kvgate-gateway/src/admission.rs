@@ -7,10 +7,15 @@
 //! queue: only the head asks the router (at `router.queue_poll_ms`), a
 //! request that arrives while anyone waits queues behind them instead of
 //! deciding first, and the next in line is woken the moment the head is
-//! routed, rejected or gives up (its [`Ticket`] dropped).
+//! routed, rejected or gives up (its [`Ticket`] dropped). The head itself
+//! sleeps at most `router.queue_poll_ms` between decisions, and is woken
+//! early when load changes ([`Admission::load_changed`]: a request's first
+//! token or its end, which is when a busy replica can stop being busy).
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -21,6 +26,10 @@ use crate::locks::lock;
 pub(crate) struct Admission {
     inner: Mutex<Inner>,
     turn: Notify,
+    /// Woken by [`Admission::load_changed`].
+    load: Notify,
+    /// `inner.queue.len()`, readable without the lock on the request path.
+    waiting: AtomicUsize,
 }
 
 #[derive(Debug, Default)]
@@ -53,7 +62,26 @@ impl Admission {
         let id = inner.next_id;
         inner.next_id += 1;
         inner.queue.push_back(id);
+        self.waiting.store(inner.queue.len(), Ordering::Relaxed);
         Ticket { admission: Arc::clone(self), id }
+    }
+
+    /// A request's load on its replica changed (first token, end): wakes
+    /// the head if it is between decisions. Costs one atomic load when
+    /// nobody waits.
+    pub(crate) fn load_changed(&self) {
+        if self.waiting.load(Ordering::Relaxed) > 0 {
+            self.load.notify_waiters();
+        }
+    }
+
+    /// The head's pause between decisions: `poll`, or less if load changes.
+    pub(crate) async fn pause(&self, poll: Duration) {
+        let changed = self.load.notified();
+        tokio::select! {
+            () = tokio::time::sleep(poll) => {}
+            () = changed => {}
+        }
     }
 
     /// Returns once `ticket` is at the head of the queue.
@@ -77,6 +105,7 @@ impl Drop for Ticket {
         let mut inner = lock(&self.admission.inner);
         let was_head = inner.queue.front() == Some(&self.id);
         inner.queue.retain(|&id| id != self.id);
+        self.admission.waiting.store(inner.queue.len(), Ordering::Relaxed);
         drop(inner);
         if was_head {
             self.admission.turn.notify_waiters();
@@ -122,6 +151,28 @@ mod tests {
         }
         assert_eq!(*order.lock().unwrap(), [0, 1, 3]);
         assert!(adm.is_empty());
+    }
+
+    /// The head's pause ends when load changes, not only at the poll.
+    #[tokio::test(start_paused = true)]
+    async fn a_load_change_ends_the_heads_pause() {
+        let adm = Arc::new(Admission::default());
+        let head = adm.join();
+        let t0 = tokio::time::Instant::now();
+        let a = Arc::clone(&adm);
+        let waker = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(3)).await;
+            a.load_changed();
+        });
+        adm.pause(Duration::from_secs(10)).await;
+        assert_eq!(t0.elapsed(), Duration::from_millis(3));
+        waker.await.unwrap();
+        // With nobody waiting, a load change is not even a notification.
+        drop(head);
+        adm.load_changed();
+        let t1 = tokio::time::Instant::now();
+        adm.pause(Duration::from_millis(50)).await;
+        assert_eq!(t1.elapsed(), Duration::from_millis(50));
     }
 
     /// The head's turn is immediate; a later ticket waits until then.

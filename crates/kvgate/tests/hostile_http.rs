@@ -310,3 +310,51 @@ async fn refused_requests_are_counted_by_route_and_status() {
     assert_eq!(count("chat", "401"), 3.0, "{text}");
     assert_eq!(count("completions", "401"), 1.0, "{text}");
 }
+
+/// Requests that find the only replica busy are served in arrival order
+/// (issue 19: first-come admission). `router.busy_pending_tokens=1` makes a
+/// replica busy while any prefill is pending, so each request waits for the
+/// one before it to reach its first token (~90 ms of prefill each).
+/// Arrivals 20 ms apart were reordered by per-request polling (each waiter
+/// polled on its own 50 ms timer, and whichever poll came first after a
+/// first token won: this test failed 3 of 3 runs that way); in one queue
+/// the first tokens come in arrival order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_waiters_are_served_first_come() {
+    let sim = spawn_sim(None, false, &["--timing", "llmd_qwen3_32b", "--speedup", "1"]);
+    let serve = spawn_serve(&[&sim], &["--set", "router.busy_pending_tokens=1"]);
+    wait_ready(&serve.base).await;
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..6u32 {
+        let base = serve.base.clone();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20 * u64::from(i))).await;
+            let prompt: Vec<u32> = (0..1024).map(|t| 1000 + i * 2000 + t).collect();
+            let mut r = client()
+                .post(format!("{base}/v1/completions"))
+                .json(&token_completion(&prompt, 2, true))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let first = loop {
+                let chunk = r.chunk().await.unwrap().expect("stream ended before a token");
+                if String::from_utf8_lossy(&chunk).contains("\"text\"") {
+                    break t0.elapsed();
+                }
+            };
+            while r.chunk().await.unwrap().is_some() {}
+            (i, first)
+        }));
+    }
+    let mut firsts = Vec::new();
+    for t in tasks {
+        firsts.push(t.await.unwrap());
+    }
+    firsts.sort_by_key(|&(_, at)| at);
+    let order: Vec<u32> = firsts.iter().map(|&(i, _)| i).collect();
+    assert_eq!(order, [0, 1, 2, 3, 4, 5], "first tokens at {firsts:?}");
+    let waits = metric_with(&serve.base, "kvgate_decisions_total", r#"outcome="wait""#).await;
+    assert!(waits >= 1.0, "the requests did not wait: the test shows nothing");
+}
