@@ -46,8 +46,15 @@ const RETRY_REASONS: [&str; 3] = ["connect", "status_5xx", "timeout"];
 /// Reasons a response stream ended early.
 const STREAM_ERROR_REASONS: [&str; 3] = ["upstream", "idle_timeout", "client_disconnect"];
 /// Reasons a request was refused.
-const REJECT_REASONS: [&str; 5] =
-    ["all_busy", "no_replica", "overloaded", "unauthorized", "invalid"];
+const REJECT_REASONS: [&str; 7] = [
+    "all_busy",
+    "no_replica",
+    "overloaded",
+    "unauthorized",
+    "invalid",
+    "key_throttled",
+    "peer_unauthorized",
+];
 
 /// The empty label set (`NoLabelSet` is an uninhabited enum in 0.26).
 const NO_LABELS: [(&str, &str); 0] = [];
@@ -803,6 +810,37 @@ pub(crate) fn process_cpu_seconds() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every reason the crate passes to `rejected` is exported from the
+    /// start (at 0), so alerts see the series before the first refusal.
+    #[test]
+    fn every_reject_reason_in_the_source_is_pre_registered() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut found = std::collections::BTreeSet::new();
+        let mut dirs = vec![src];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap();
+                for part in text.split("rejected(\"").skip(1) {
+                    if let Some(reason) = part.split('"').next() {
+                        found.insert(reason.to_owned());
+                    }
+                }
+            }
+        }
+        assert!(found.len() >= 5, "scanner found too few reasons: {found:?}");
+        for reason in &found {
+            assert!(
+                REJECT_REASONS.contains(&reason.as_str()),
+                "{reason:?} is not in REJECT_REASONS"
+            );
+        }
+    }
     use kvgate_router::{LedgerTotals, TentativeStats};
 
     fn replica(name: &str) -> ReplicaSnapshot {
