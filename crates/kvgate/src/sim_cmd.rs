@@ -50,7 +50,16 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
     if args.replicas == 0 {
         bail!("--replicas must be at least 1");
     }
-    let tokenizer = ChatTokenizer::bundled().context("loading the bundled Qwen3 tokenizer")?;
+    // Loaded on a thread that exits, then purged, as `serve` does
+    // (kvgate-alloc): the load's temporaries do not stay resident.
+    let tokenizer = std::thread::Builder::new()
+        .name("kvgate-load".into())
+        .spawn(ChatTokenizer::bundled)
+        .context("starting the tokenizer load")?
+        .join()
+        .map_err(|_| anyhow::anyhow!("the tokenizer load panicked"))?
+        .context("loading the bundled Qwen3 tokenizer")?;
+    kvgate_alloc::release_free_memory(true);
     let tokenizer = Arc::new(TokenizeService::new(Tokenize::new(tokenizer, None), 2)?);
     let mut replicas = Vec::new();
     for i in 0..args.replicas {
