@@ -38,6 +38,22 @@ pub fn release_free_memory(force: bool) {
     }
 }
 
+/// Runs `f` on a thread of its own that exits when `f` returns, for work
+/// that leaves many temporaries behind (a tokenizer load parses a JSON tree
+/// several times the size of what it keeps). They are freed on that thread,
+/// and an exiting thread hands its allocator pages back, where a long-lived
+/// thread would keep them as its own cache (~35 MB more idle RSS, measured
+/// on `kvgate serve`). A panic in `f` comes back as an error.
+pub fn on_exiting_thread<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> std::io::Result<T> {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn_scoped(s, f)?
+            .join()
+            .map_err(|_| std::io::Error::other(format!("thread {name} panicked")))
+    })
+}
+
 /// A background thread that calls [`release_free_memory`] every `period`.
 ///
 /// The thread stops when this value is dropped (within one period).
@@ -112,6 +128,15 @@ mod tests {
             after - before < 64.0,
             "freed memory stayed resident: {before:.0} -> peak {peak:.0} -> {after:.0} MiB"
         );
+    }
+
+    #[test]
+    fn work_on_an_exiting_thread_returns_its_value_or_its_panic() {
+        let name =
+            on_exiting_thread("kvgate-test", || std::thread::current().name().map(str::to_owned));
+        assert_eq!(name.unwrap().as_deref(), Some("kvgate-test"));
+        let panicked = on_exiting_thread("kvgate-test", || -> u8 { panic!("boom") });
+        assert!(panicked.unwrap_err().to_string().contains("panicked"));
     }
 
     #[test]

@@ -9,8 +9,9 @@
 //! deciding first, and the next in line is woken the moment the head is
 //! routed, rejected or gives up (its [`Ticket`] dropped). The head itself
 //! sleeps at most `router.queue_poll_ms` between decisions, and is woken
-//! early when load changes ([`Admission::load_changed`]: a request's first
-//! token or its end, which is when a busy replica can stop being busy).
+//! early when load changes ([`Admission::load_changed`], the router's load
+//! listener: a booking's first token or its release by any path, which is
+//! when a busy replica can stop being busy).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,7 +29,8 @@ pub(crate) struct Admission {
     turn: Notify,
     /// Woken by [`Admission::load_changed`].
     load: Notify,
-    /// `inner.queue.len()`, readable without the lock on the request path.
+    /// `inner.queue.len()`, readable without the lock on the request path
+    /// (written under it).
     waiting: AtomicUsize,
 }
 
@@ -48,12 +50,12 @@ pub(crate) struct Ticket {
 impl Admission {
     /// Whether anyone is waiting.
     pub(crate) fn is_empty(&self) -> bool {
-        lock(&self.inner).queue.is_empty()
+        self.len() == 0
     }
 
     /// How many are waiting.
     pub(crate) fn len(&self) -> usize {
-        lock(&self.inner).queue.len()
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Joins the back of the queue.
@@ -70,7 +72,7 @@ impl Admission {
     /// the head if it is between decisions. Costs one atomic load when
     /// nobody waits.
     pub(crate) fn load_changed(&self) {
-        if self.waiting.load(Ordering::Relaxed) > 0 {
+        if !self.is_empty() {
             self.load.notify_waiters();
         }
     }

@@ -38,7 +38,7 @@ use kvgate_openai::ErrorResponse;
 use crate::auth;
 use crate::response::error_response;
 use crate::state::Shared;
-use crate::throttle::{verdict, KeyKind, KeyVerdict};
+use crate::throttle::{KeyKind, KeyVerdict};
 use hub::{FrameText, Hub};
 use session::{Sessions, COOKIE};
 
@@ -124,14 +124,7 @@ fn html(status: StatusCode, body: &'static str) -> Response {
 async fn require_login(State(d): D, req: Request, next: Next) -> Response {
     let ok = d.allowed(req.headers());
     let presented = auth::admin_key_presented(req.headers());
-    match verdict(
-        &d.shared.key_throttle,
-        &d.shared.metrics,
-        req.extensions().get(),
-        KeyKind::Admin,
-        presented,
-        ok,
-    ) {
+    match d.shared.key_verdict(req.extensions().get(), KeyKind::Admin, presented, ok) {
         KeyVerdict::Allowed => return harden(next.run(req).await),
         KeyVerdict::Throttled(r) => return harden(r),
         KeyVerdict::Denied => {}
@@ -167,14 +160,7 @@ async fn login(State(d): D, req: Request) -> Response {
     let headers = req.headers();
     let ok = auth::admin_allowed(d.shared.config.auth.admin_key.as_ref(), headers);
     let presented = auth::admin_key_presented(headers);
-    match verdict(
-        &d.shared.key_throttle,
-        &d.shared.metrics,
-        req.extensions().get(),
-        KeyKind::Admin,
-        presented,
-        ok,
-    ) {
+    match d.shared.key_verdict(req.extensions().get(), KeyKind::Admin, presented, ok) {
         KeyVerdict::Allowed => {}
         KeyVerdict::Throttled(r) => return harden(r),
         KeyVerdict::Denied => {

@@ -21,7 +21,7 @@ pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) -> Result<()
     let (tx, mut rx) = mpsc::channel(1024);
     let sub = Subscriber::new(cfg, Arc::clone(&replica.events), tx);
     let mut stop = replica.stop.subscribe();
-    let mut task = tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let shutdown = async move {
             let _ = stop.wait_for(|v| *v).await;
         };
@@ -32,7 +32,7 @@ pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) -> Result<()
         apply(&shared, &replica, update, rebuild);
     }
     // The channel closes when the subscriber ends, for whatever reason.
-    match (&mut task).await {
+    match task.await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(format!("event subscriber stopped: {e}")),
         Err(e) => Err(format!("event subscriber task: {e}")),

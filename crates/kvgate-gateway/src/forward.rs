@@ -110,7 +110,6 @@ pub(crate) async fn forward(
         let Some(replica) = shared.replica(routed.replica) else {
             // Removed between the decision and now.
             routed.booking.finish(Outcome::Error);
-            shared.admission.load_changed();
             exclude.push(routed.replica);
             continue;
         };
@@ -131,7 +130,6 @@ pub(crate) async fn forward(
             }
             Err((reason, err)) => {
                 routed.booking.finish(Outcome::Error);
-                shared.admission.load_changed();
                 tracing::warn!(replica = %replica.name, %reason, error = %err.error.message, "engine failed; trying another replica");
                 shared.note_failure(&replica, err.error.message.clone(), Instant::now());
                 shared.metrics.retry(reason);
@@ -279,7 +277,6 @@ async fn respond(
         b = &mut body_fut => b,
         _ = tokio::time::sleep(predicted) => {
             booking.first_token_unmeasured(Instant::now());
-            shared.admission.load_changed();
             body_fut.await
         }
     };
@@ -288,7 +285,6 @@ async fn respond(
         Ok(bytes) => {
             let outcome = if status.is_success() { Outcome::Finished } else { Outcome::Error };
             booking.finish(outcome);
-            shared.admission.load_changed();
             shared.metrics.request(label, status.as_u16(), &replica.name);
             shared.metrics.e2e(label, t0.elapsed().as_secs_f64());
             let mut r = Response::new(Body::from(bytes));
@@ -298,7 +294,6 @@ async fn respond(
         }
         Err(e) => {
             booking.finish(Outcome::Error);
-            shared.admission.load_changed();
             let err = ErrorResponse::bad_gateway(format!(
                 "replica {} failed while answering: {e}",
                 replica.name

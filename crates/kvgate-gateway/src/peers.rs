@@ -40,7 +40,7 @@ use crate::auth::{bearer, key_matches};
 use crate::locks::lock;
 use crate::peer_state::{Known, Target, TargetStats};
 use crate::state::Shared;
-use crate::throttle::{verdict, ClientAddr, KeyKind, KeyVerdict};
+use crate::throttle::{ClientAddr, KeyKind, KeyVerdict};
 
 /// The path peers post to.
 pub(crate) const CHANGES_PATH: &str = "/peer/v1/changes";
@@ -98,7 +98,7 @@ pub(crate) async fn receive(
     let presented = bearer(&headers);
     let ok = presented.is_some_and(|t| key_matches(key, t));
     let addr = client.as_ref().map(|c| &c.0);
-    match verdict(&s.key_throttle, &s.metrics, addr, KeyKind::Peer, presented.is_some(), ok) {
+    match s.key_verdict(addr, KeyKind::Peer, presented.is_some(), ok) {
         KeyVerdict::Allowed => {}
         KeyVerdict::Throttled(r) => return r,
         KeyVerdict::Denied => {

@@ -138,7 +138,6 @@ impl Relay {
             if let Some(b) = self.booking.as_mut() {
                 b.first_token(now);
             }
-            self.shared.admission.load_changed();
             self.shared
                 .metrics
                 .ttft(self.route, now.saturating_duration_since(self.t0).as_secs_f64());
@@ -150,7 +149,6 @@ impl Relay {
         self.done = true;
         if let Some(b) = self.booking.take() {
             b.finish(outcome);
-            self.shared.admission.load_changed();
         }
         self.shared.metrics.e2e(self.route, self.t0.elapsed().as_secs_f64());
         let Some((reason, e)) = error else { return Bytes::new() };
@@ -175,7 +173,6 @@ impl Drop for Relay {
         if let Some(b) = self.booking.take() {
             // The client went away mid-stream.
             b.finish(Outcome::Cancelled);
-            self.shared.admission.load_changed();
             self.shared.metrics.stream_error("client_disconnect");
         }
     }

@@ -33,7 +33,7 @@ use crate::metrics::Metrics;
 use crate::response::error_response;
 use crate::route::Route;
 use crate::state::Shared;
-use crate::throttle::{verdict, ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
+use crate::throttle::{ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 use crate::{admin, api, registry};
 
 /// A running gateway.
@@ -51,14 +51,7 @@ pub struct Gateway {
 async fn client_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let ok = crate::auth::client_allowed(&s.config.auth.api_keys, req.headers());
     let presented = crate::auth::bearer(req.headers()).is_some();
-    match verdict(
-        &s.key_throttle,
-        &s.metrics,
-        req.extensions().get(),
-        KeyKind::Client,
-        presented,
-        ok,
-    ) {
+    match s.key_verdict(req.extensions().get(), KeyKind::Client, presented, ok) {
         KeyVerdict::Allowed => next.run(req).await,
         KeyVerdict::Throttled(r) => count_refused(&s, req.uri().path(), r),
         KeyVerdict::Denied => {
@@ -85,14 +78,7 @@ fn count_refused(s: &Shared, path: &str, r: Response) -> Response {
 async fn admin_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     let ok = crate::auth::admin_allowed(s.config.auth.admin_key.as_ref(), req.headers());
     let presented = crate::auth::admin_key_presented(req.headers());
-    match verdict(
-        &s.key_throttle,
-        &s.metrics,
-        req.extensions().get(),
-        KeyKind::Admin,
-        presented,
-        ok,
-    ) {
+    match s.key_verdict(req.extensions().get(), KeyKind::Admin, presented, ok) {
         KeyVerdict::Allowed => next.run(req).await,
         KeyVerdict::Throttled(r) => r,
         KeyVerdict::Denied => {
@@ -239,24 +225,14 @@ impl Gateway {
     pub async fn start(config: GatewayConfig) -> Result<Gateway, StartError> {
         config.validate()?;
         let encoder = config.model.encoder;
-        // Loaded on a thread of its own that then exits: the load's
-        // temporaries (a JSON parse several times the tables' size) are freed
-        // on that thread, and an exiting thread hands its allocator pages
-        // back, where a runtime worker would keep them as its own cache
-        // (~35 MB more idle RSS, measured).
-        let load = || match &config.model.dir {
-            Some(dir) => ChatTokenizer::from_dir_with(dir, encoder),
-            None => ChatTokenizer::bundled_with(encoder),
-        };
-        let tokenizer = std::thread::scope(|s| {
-            std::thread::Builder::new()
-                .name("kvgate-load".into())
-                .spawn_scoped(s, load)
-                .map_err(|e| StartError::Tokenizer(format!("cannot start a thread: {e}")))?
-                .join()
-                .map_err(|_| StartError::Tokenizer("the tokenizer load panicked".into()))
-        })?
-        .map_err(|e| StartError::Tokenizer(e.to_string()))?;
+        // On a thread that exits, so the load's temporaries leave with it.
+        let tokenizer =
+            kvgate_alloc::on_exiting_thread("kvgate-load", || match &config.model.dir {
+                Some(dir) => ChatTokenizer::from_dir_with(dir, encoder),
+                None => ChatTokenizer::bundled_with(encoder),
+            })
+            .map_err(|e| StartError::Tokenizer(e.to_string()))?
+            .map_err(|e| StartError::Tokenizer(e.to_string()))?;
         let path = tokenizer.encoder_path();
         match &path.reason {
             None => tracing::info!(encoder = path.name, "tokenizer loaded"),
@@ -272,8 +248,13 @@ impl Gateway {
         });
         let tokenizer = TokenizeService::new(Tokenize::new(tokenizer, cache), threads)
             .map_err(|e| StartError::Tokenizer(e.to_string()))?;
-        let router = kvgate_router::Router::new(config.router.clone(), Arc::default())
+        let mut router = kvgate_router::Router::new(config.router.clone(), Arc::default())
             .map_err(|e| StartError::Config(crate::error::ConfigError::Invalid(e.to_string())))?;
+        // Any drop in a booking's load (first token, end, expiry...) wakes
+        // the head of the admission queue.
+        let admission = Arc::new(crate::admission::Admission::default());
+        let waiters = Arc::clone(&admission);
+        router.on_load_change(Arc::new(move || waiters.load_changed()));
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(config.limits.connect_timeout_ms))
             .tcp_nodelay(true)
@@ -298,7 +279,7 @@ impl Gateway {
         let (closing, _) = watch::channel(false);
         let shared = Arc::new(Shared {
             inflight: Arc::new(Semaphore::new(config.limits.max_concurrent_requests)),
-            admission: Arc::default(),
+            admission,
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
             tokenizer: Arc::new(tokenizer),
             index: std::sync::RwLock::new(Index::new()),

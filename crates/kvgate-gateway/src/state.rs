@@ -140,6 +140,18 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The key check of one request, through the wrong-key throttle
+    /// (`throttle::verdict` with this gateway's throttle and metrics).
+    pub(crate) fn key_verdict(
+        &self,
+        addr: Option<&crate::throttle::ClientAddr>,
+        kind: crate::throttle::KeyKind,
+        presented: bool,
+        ok: bool,
+    ) -> crate::throttle::KeyVerdict {
+        crate::throttle::verdict(&self.key_throttle, &self.metrics, addr, kind, presented, ok)
+    }
+
     pub(crate) fn replica(&self, id: ReplicaId) -> Option<Arc<Replica>> {
         read(&self.replicas).iter().find(|r| r.id == id).cloned()
     }

@@ -265,6 +265,22 @@ pub(crate) struct Books {
     outbox_enabled: bool,
     outbox_overflow: u64,
     next_sweep: Option<Instant>,
+    listener: Option<Listener>,
+}
+
+/// Called whenever a booking's load on its replica drops: its prefill is
+/// done, or it left the ledger (any way: finished, dropped, expired, peer
+/// gone...). The shell uses it to wake requests waiting for a busy replica;
+/// it runs under the ledger's lock, so it must be quick and take no lock of
+/// the router's.
+pub type LoadListener = Arc<dyn Fn() + Send + Sync>;
+
+struct Listener(LoadListener);
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LoadListener")
+    }
 }
 
 /// Most ledger changes buffered for peers between drains.
@@ -298,6 +314,7 @@ impl Books {
             outbox_enabled: false,
             outbox_overflow: 0,
             next_sweep: None,
+            listener: None,
         }
     }
 
@@ -487,6 +504,9 @@ impl Books {
             return None;
         }
         e.stage = Stage::Decoding;
+        if let Some(l) = &self.listener {
+            (l.0)();
+        }
         let ttft = now.saturating_duration_since(e.booked_at);
         let (replica, tokens, basis) = (e.replica, e.prefill_tokens, e.basis);
         self.totals.first_tokens += 1;
@@ -541,7 +561,14 @@ impl Books {
         if key.0 == Origin::Local {
             self.push_change(LedgerChange::Finish { id: key.1 });
         }
+        if let Some(l) = &self.listener {
+            (l.0)();
+        }
         true
+    }
+
+    pub(crate) fn set_listener(&mut self, listener: LoadListener) {
+        self.listener = Some(Listener(listener));
     }
 
     fn push_change(&mut self, c: LedgerChange) {

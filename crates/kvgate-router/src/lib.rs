@@ -48,7 +48,8 @@ pub use decide::{Decision, RejectReason, RouteRequest, Routed};
 pub use error::RouterError;
 pub use explain::{Candidate, Explanation, Reason};
 pub use ledger::{
-    Booking, LedgerChange, LedgerTotals, LoadView, Origin, Outcome, PeerId, ReplicaLoad,
+    Booking, LedgerChange, LedgerTotals, LoadListener, LoadView, Origin, Outcome, PeerId,
+    ReplicaLoad,
 };
 pub use replica::{EngineReport, EngineTiming, Health, ReplicaInfo};
 pub use router::{Router, RouterMetrics};

@@ -260,6 +260,13 @@ impl Router {
         self.tentative.expire(now, index);
     }
 
+    /// Calls `listener` whenever a booking's load drops (first token, or it
+    /// leaves the ledger by any path), so that a shell can wake requests
+    /// waiting for a busy replica. It runs under the ledger's lock.
+    pub fn on_load_change(&mut self, listener: crate::LoadListener) {
+        lock(&self.books).set_listener(listener);
+    }
+
     /// Starts (or stops) collecting local ledger changes, and the blocks
     /// each routed request will soon cache, for peers.
     pub fn share_with_peers(&mut self, enabled: bool) {

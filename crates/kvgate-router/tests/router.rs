@@ -484,3 +484,28 @@ fn a_large_fleet_logs_only_its_cheapest_candidates() {
     let e = routed.explanation.as_ref().unwrap();
     assert_eq!((e.candidates.len(), e.candidates_total), (8, 8));
 }
+
+/// The load listener hears every drop in a booking's load, whatever its
+/// path (first token once, finish, drop), and nothing else.
+#[test]
+fn the_load_listener_hears_first_tokens_and_releases() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let mut r = router(PolicyKind::LeastLoad, 2);
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = Arc::clone(&calls);
+    r.on_load_change(Arc::new(move || {
+        c.fetch_add(1, Ordering::SeqCst);
+    }));
+    let k = keys(4, 7);
+    let now = Instant::now();
+    let mut a = r.decide_with_matches(&req(&k), &[gpu(0), gpu(0)], now).routed().unwrap();
+    let b = r.decide_with_matches(&req(&k), &[gpu(0), gpu(0)], now).routed().unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "booking adds load: no call");
+    a.booking.first_token(now);
+    a.booking.first_token(now);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the first token once");
+    a.booking.finish(Outcome::Finished);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    drop(b);
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "a dropped booking is released too");
+}

@@ -50,14 +50,10 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
     if args.replicas == 0 {
         bail!("--replicas must be at least 1");
     }
-    // Loaded on a thread that exits, then purged, as `serve` does
-    // (kvgate-alloc): the load's temporaries do not stay resident.
-    let tokenizer = std::thread::Builder::new()
-        .name("kvgate-load".into())
-        .spawn(ChatTokenizer::bundled)
+    // On a thread that exits, then purged, as `serve` does (kvgate-alloc):
+    // the load's temporaries do not stay resident.
+    let tokenizer = kvgate_alloc::on_exiting_thread("kvgate-load", ChatTokenizer::bundled)
         .context("starting the tokenizer load")?
-        .join()
-        .map_err(|_| anyhow::anyhow!("the tokenizer load panicked"))?
         .context("loading the bundled Qwen3 tokenizer")?;
     kvgate_alloc::release_free_memory(true);
     let tokenizer = Arc::new(TokenizeService::new(Tokenize::new(tokenizer, None), 2)?);
