@@ -76,21 +76,26 @@ async fn generate(s: Arc<Shared>, route: Route, headers: HeaderMap, body: Bytes)
     }
 }
 
+/// The served model, then each LoRA adapter with the model as its parent,
+/// as vLLM lists them.
 pub(crate) async fn models(State(s): S) -> Json<Value> {
-    let name = &s.config.model.served_name;
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": name,
+    let model = &s.config.model;
+    let created = unix_now();
+    let card = |id: &str, parent: Option<&str>| {
+        json!({
+            "id": id,
             "object": "model",
-            "created": unix_now(),
+            "created": created,
             "owned_by": "kvgate",
-            "root": name,
-            "parent": null,
-            "max_model_len": s.config.model.max_model_len,
+            "root": id,
+            "parent": parent,
+            "max_model_len": model.max_model_len,
             "permission": [],
-        }]
-    }))
+        })
+    };
+    let base = std::iter::once(card(&model.served_name, None));
+    let adapters = model.lora_adapters.iter().map(|a| card(a, Some(&model.served_name)));
+    Json(json!({ "object": "list", "data": base.chain(adapters).collect::<Vec<_>>() }))
 }
 
 fn bad(msg: impl Into<String>) -> Response {
@@ -104,7 +109,7 @@ pub(crate) async fn tokenize(State(s): S, body: Bytes) -> Response {
         return bad("the body is not valid JSON");
     };
     if let Some(m) = value.get("model").and_then(Value::as_str) {
-        if m != s.config.model.served_name {
+        if m != s.config.model.served_name && !s.config.model.lora_adapters.iter().any(|a| a == m) {
             return error_response(&ErrorResponse::not_found(format!(
                 "The model `{m}` does not exist."
             )));

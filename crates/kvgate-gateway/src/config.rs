@@ -156,6 +156,10 @@ pub struct ModelConfig {
     pub dir: Option<PathBuf>,
     /// The model name clients send and `/v1/models` lists.
     pub served_name: String,
+    /// LoRA adapters the engines serve, by the name clients send in `model`
+    /// (vLLM's `--lora-modules NAME=PATH`). A request for one is matched
+    /// only against blocks cached under that adapter.
+    pub lora_adapters: Vec<String>,
     /// Longest prompt + output accepted, tokens.
     pub max_model_len: u32,
     /// Tokenizer threads; 0 uses one per core.
@@ -173,6 +177,7 @@ impl Default for ModelConfig {
         ModelConfig {
             dir: None,
             served_name: "Qwen/Qwen3-0.6B".to_owned(),
+            lora_adapters: Vec::new(),
             max_model_len: 40_960,
             tokenizer_threads: 0,
             prefix_cache_tokens: 16 << 20,
@@ -539,6 +544,14 @@ impl GatewayConfig {
         }
         if self.model.served_name.is_empty() {
             return bad("model.served_name must not be empty".into());
+        }
+        let mut names = std::collections::HashSet::from([self.model.served_name.as_str()]);
+        for adapter in &self.model.lora_adapters {
+            if adapter.is_empty() || !names.insert(adapter.as_str()) {
+                return bad(format!(
+                    "model.lora_adapters: {adapter:?} is empty or repeats another model name"
+                ));
+            }
         }
         let mut seen = std::collections::HashSet::new();
         for r in &self.replicas {

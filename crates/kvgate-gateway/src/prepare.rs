@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use kvgate_index::{block_keys, BlockKey};
+use kvgate_index::{request_block_keys, BlockKey};
 use kvgate_openai::{ChatCompletionRequest, CompletionRequest, ErrorResponse, Prompt};
 use kvgate_tokenize::{ChatRequest, Endpoint, TokenizeError};
 
@@ -63,14 +63,56 @@ fn bad(msg: impl Into<String>) -> Reject {
     Box::new(invalid(msg))
 }
 
-fn check_model(shared: &Shared, model: Option<&str>) -> Result<(), Reject> {
+/// The LoRA adapter the request names, if any; an unknown model is vLLM's
+/// 404.
+fn check_model<'a>(shared: &'a Shared, model: Option<&str>) -> Result<Option<&'a str>, Reject> {
+    let served = &shared.config.model;
     match model {
-        Some(m) if m != shared.config.model.served_name => {
-            let e = ErrorResponse::not_found(format!("The model `{m}` does not exist."));
-            Err(Box::new(e.with_param("model")))
-        }
-        _ => Ok(()),
+        None => Ok(None),
+        Some(m) if m == served.served_name => Ok(None),
+        Some(m) => match served.lora_adapters.iter().find(|a| *a == m) {
+            Some(adapter) => Ok(Some(adapter.as_str())),
+            None => {
+                let e = ErrorResponse::not_found(format!("The model `{m}` does not exist."));
+                Err(Box::new(e.with_param("model")))
+            }
+        },
     }
+}
+
+/// Characters vLLM 0.33 refuses in `cache_salt`, and its longest salt
+/// (`validate_cache_salt` in `entrypoints/generate/base/protocol.py`).
+const SALT_FORBIDDEN: [char; 4] = ['@', '/', '\\', '\0'];
+const SALT_MAX_CHARS: usize = 128;
+
+/// `cache_salt`, checked as vLLM checks it: the engine would refuse the
+/// request, so kvgate refuses it first, with the engine's words.
+fn cache_salt(
+    extra: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Option<String>, Reject> {
+    let salt = match extra.get("cache_salt") {
+        None | Some(serde_json::Value::Null) => return Ok(None),
+        Some(serde_json::Value::String(s)) if !s.is_empty() => s,
+        Some(_) => {
+            let e = invalid("Parameter 'cache_salt' must be a non-empty string if provided.");
+            return Err(Box::new(e.with_param("cache_salt")));
+        }
+    };
+    if salt.chars().count() > SALT_MAX_CHARS || salt.contains(SALT_FORBIDDEN) {
+        let e = invalid(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain \
+             '@', '/', '\\\\', or NUL.",
+        );
+        return Err(Box::new(e.with_param("cache_salt")));
+    }
+    Ok(Some(salt.clone()))
+}
+
+/// What besides the tokens names a request's KV blocks in the engine.
+#[derive(Debug)]
+struct CacheIdentity<'a> {
+    lora: Option<&'a str>,
+    salt: Option<String>,
 }
 
 fn check_length(shared: &Shared, prompt: usize, max_output: Option<u32>) -> Result<(), Reject> {
@@ -119,7 +161,8 @@ fn max_output(v: Option<u64>) -> Option<u32> {
 pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Reject> {
     let req = ChatCompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
     req.validate().map_err(|e| bad(e.to_string()))?;
-    check_model(shared, req.model())?;
+    let identity =
+        CacheIdentity { lora: check_model(shared, req.model())?, salt: cache_salt(&req.extra)? };
     check_output_limit(&req.extra)?;
     if req.messages.len() > shared.config.limits.max_messages {
         return Err(Box::new(
@@ -174,6 +217,7 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
     Ok(finish(
         shared,
         Route::Chat,
+        &identity,
         tokens,
         max_out,
         req.is_stream(),
@@ -187,7 +231,8 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
 /// `add_special_tokens`); token prompts are taken as they are.
 pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared, Reject> {
     let req = CompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
-    check_model(shared, req.model())?;
+    let identity =
+        CacheIdentity { lora: check_model(shared, req.model())?, salt: cache_salt(&req.extra)? };
     check_output_limit(&req.extra)?;
     let max_out = max_output(req.max_output_tokens());
     let add_special = req.add_special_tokens();
@@ -233,6 +278,7 @@ pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared
     Ok(finish(
         shared,
         Route::Completions,
+        &identity,
         Some(tokens),
         max_out,
         req.is_stream(),
@@ -246,6 +292,7 @@ pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared
 fn finish(
     shared: &Shared,
     route: Route,
+    identity: &CacheIdentity<'_>,
     tokens: Option<Vec<u32>>,
     max_output: Option<u32>,
     stream: bool,
@@ -254,7 +301,15 @@ fn finish(
     with_tokens: Option<Bytes>,
 ) -> Prepared {
     let (prompt_tokens, keys) = match &tokens {
-        Some(t) => (t.len() as u64, block_keys(t, shared.block_size as usize, None)),
+        Some(t) => (
+            t.len() as u64,
+            request_block_keys(
+                t,
+                shared.block_size as usize,
+                identity.lora,
+                identity.salt.as_deref(),
+            ),
+        ),
         // Unknown length: estimate from the body (about 4 bytes per token).
         None => ((original.len() / 4).max(1) as u64, Vec::new()),
     };

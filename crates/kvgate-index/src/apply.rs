@@ -39,10 +39,10 @@ impl Index {
                 state.last_event_at = Some(now);
                 match event {
                     Event::Stored(stored) => {
-                        apply_stored(state, &mut self.holders, slot, stored, &mut outcome);
+                        apply_stored(state, &mut self.holders, slot, stored, now, &mut outcome);
                     }
                     Event::Removed(removed) => {
-                        apply_removed(state, &mut self.holders, slot, removed, &mut outcome);
+                        apply_removed(state, &mut self.holders, slot, removed, now, &mut outcome);
                     }
                     Event::AllCleared => {
                         outcome.blocks_removed += clear_slot(state, &mut self.holders, slot);
@@ -82,6 +82,7 @@ fn apply_stored(
     holders: &mut Holders,
     slot: usize,
     stored: &BlockStored,
+    now: Instant,
     outcome: &mut ApplyOutcome,
 ) {
     let full_attention = stored.is_full_attention();
@@ -101,7 +102,7 @@ fn apply_stored(
         }
         replica.reserve_seqs(stored.block_hashes.len());
         for hash in &stored.block_hashes {
-            apply_placeholder(replica, holders, slot, hash.fold_u64(), tier, outcome);
+            apply_placeholder(replica, holders, slot, hash.fold_u64(), tier, now, outcome);
         }
         return;
     }
@@ -124,8 +125,8 @@ fn apply_stored(
     }
     let mut key = match &stored.parent_block_hash {
         None => ROOT_KEY,
-        Some(parent) => match replica.entries.get(&EngineHash::new(parent.fold_u64())) {
-            Some(entry) => entry.key(),
+        Some(parent) => match resolve(replica, EngineHash::new(parent.fold_u64()), now) {
+            Some(key) => key,
             None => {
                 outcome.anomalies.unknown_parent += 1;
                 return;
@@ -149,8 +150,16 @@ fn apply_stored(
     for (i, (hash, tokens)) in
         stored.block_hashes.iter().zip(stored.token_ids.chunks_exact(block_size)).enumerate()
     {
-        key = chain_key(key, tokens, lora_name, extra_keys.get(i));
-        store_block(replica, holders, slot, hash.fold_u64(), key, tier, outcome);
+        let engine = hash.fold_u64();
+        // An offloaded copy of a block this engine already named keeps the
+        // key the GPU event gave it: vLLM 0.33's connector sends chunk stores
+        // without extra keys ("deferred" in `offloading/events.py`), so a
+        // recomputed key would drop the cache salt or the LoRA key.
+        key = match (tier, resolve(replica, EngineHash::new(engine), now)) {
+            (Tier::Cpu | Tier::Storage, Some(known)) => known,
+            _ => chain_key(key, tokens, lora_name, extra_keys.get(i)),
+        };
+        store_block(replica, holders, slot, engine, key, tier, outcome);
         if replica.counts[tier as usize] > limit {
             outcome.anomalies.over_capacity_evictions +=
                 enforce_capacity(replica, holders, slot, tier);
@@ -177,10 +186,16 @@ fn store_block(
                     entry.set(entry.tiers() | tier_bit, bump_seq(&mut replica.next_seq));
                     gain_tier(holders, &mut replica.extra_holds, key, slot, tier);
                     replica.counts[tier as usize] += 1;
+                } else {
+                    count_repeat(&mut replica.repeats, engine, tier);
                 }
             } else {
-                // Same engine hash, other contents: the newer store wins.
+                // Same engine hash, other contents: the newer store wins, and
+                // the old contents' announcements go with them.
                 outcome.anomalies.hash_conflict += 1;
+                for old_tier in [Tier::Cpu, Tier::Storage] {
+                    replica.repeats.remove(&(engine, old_tier as u8));
+                }
                 let (old_key, old_tiers) = (entry.key(), entry.tiers());
                 for old_tier in Tier::ALL {
                     if old_tiers & (1 << old_tier as u8) != 0 {
@@ -203,27 +218,47 @@ fn store_block(
 }
 
 /// A hashless store (CPU offload placeholder): adds `tier` to a block the
-/// replica already described.
+/// replica described, now or a moment ago (its GPU copy may be gone already:
+/// see `recent.rs`).
 fn apply_placeholder(
     replica: &mut Replica,
     holders: &mut Holders,
     slot: usize,
     engine: u64,
     tier: Tier,
+    now: Instant,
     outcome: &mut ApplyOutcome,
 ) {
-    let tier_bit = 1u8 << (tier as u8);
-    let Some(entry) = replica.entries.get_mut(&EngineHash::new(engine)) else {
-        outcome.anomalies.unknown_placeholder += 1;
-        return;
+    let hash = EngineHash::new(engine);
+    let key = match replica.entries.get(&hash) {
+        Some(entry) => entry.key(),
+        None => match replica.recent.get(hash, now) {
+            Some(key) => key,
+            None => {
+                outcome.anomalies.unknown_placeholder += 1;
+                return;
+            }
+        },
     };
-    if entry.tiers() & tier_bit == 0 {
-        entry.set(entry.tiers() | tier_bit, bump_seq(&mut replica.next_seq));
-        gain_tier(holders, &mut replica.extra_holds, entry.key(), slot, tier);
-        replica.counts[tier as usize] += 1;
-        outcome.anomalies.over_capacity_evictions += enforce_capacity(replica, holders, slot, tier);
+    store_block(replica, holders, slot, engine, key, tier, outcome);
+    outcome.anomalies.over_capacity_evictions += enforce_capacity(replica, holders, slot, tier);
+}
+
+/// The content key of an engine hash the replica holds, or removed within
+/// the last [`RECENT_TTL`](crate::RECENT_TTL).
+fn resolve(replica: &mut Replica, hash: EngineHash, now: Instant) -> Option<BlockKey> {
+    match replica.entries.get(&hash) {
+        Some(entry) => Some(entry.key()),
+        None => replica.recent.get(hash, now),
     }
-    outcome.blocks_stored += 1;
+}
+
+/// One more announcement of a block already held in `tier`. Counted for the
+/// offloading tiers only (see `Replica::repeats`).
+fn count_repeat(repeats: &mut FxHashMap<(u64, u8), u32>, engine: u64, tier: Tier) {
+    if tier != Tier::Gpu {
+        *repeats.entry((engine, tier as u8)).or_insert(0) += 1;
+    }
 }
 
 fn apply_removed(
@@ -231,6 +266,7 @@ fn apply_removed(
     holders: &mut Holders,
     slot: usize,
     removed: &BlockRemoved,
+    now: Instant,
     outcome: &mut ApplyOutcome,
 ) {
     if removed.group_idx.is_some_and(|group_idx| replica.is_non_full_group(group_idx)) {
@@ -243,11 +279,22 @@ fn apply_removed(
         let engine = EngineHash::new(hash.fold_u64());
         match replica.entries.get_mut(&engine) {
             Some(entry) if entry.tiers() & tier_bit != 0 => {
+                if let Entry::Occupied(mut repeats) =
+                    replica.repeats.entry((engine.as_u64(), tier as u8))
+                {
+                    // Another chunk still announces this block in this tier.
+                    *repeats.get_mut() -= 1;
+                    if *repeats.get() == 0 {
+                        repeats.remove();
+                    }
+                    continue;
+                }
                 let key = entry.key();
                 let tiers = entry.tiers() & !tier_bit;
                 entry.set_tiers(tiers);
                 if tiers == 0 {
                     replica.entries.remove(&engine);
+                    replica.recent.remember(engine, key, now);
                 }
                 lose_tier(holders, &mut replica.extra_holds, key, slot, tier);
                 replica.counts[tier as usize] -= 1;

@@ -61,6 +61,9 @@ pub(crate) fn enforce_capacity(
     let mut evicted = 0;
     for (_, hash) in oldest {
         let Some(entry) = replica.entries.get_mut(&hash) else { continue };
+        // Every announcement goes: the removals that would have taken them
+        // back are what went missing.
+        replica.repeats.remove(&(hash.as_u64(), tier as u8));
         let key = entry.key();
         let tiers = entry.tiers() & !tier_bit;
         entry.set_tiers(tiers);

@@ -230,6 +230,8 @@ impl Index {
             .map(|r| {
                 map_bytes(&r.entries)
                     + map_bytes(&r.extra_holds)
+                    + map_bytes(&r.repeats)
+                    + r.recent.bytes_used()
                     + r.spec.name.capacity() as u64
                     + (r.non_full_groups.capacity() * 4) as u64
             })
@@ -262,6 +264,8 @@ pub(crate) fn clear_slot(replica: &mut Replica, holders: &mut Holders, slot: usi
     // Release the memory: a cleared replica refills from scratch.
     replica.entries = Default::default();
     replica.extra_holds = Default::default();
+    replica.repeats = Default::default();
+    replica.recent = Default::default();
     replica.counts = [0; 3];
     dropped
 }

@@ -16,12 +16,18 @@
 //! key_i  = xxh3_64_with_seed(le_bytes(block_tokens), seed_i)
 //! salt_bytes = "kvgate/salt/v1"
 //!              ++ [0x01, len(lora_name) as u64 LE, lora_name]   if lora_name is Some
-//!              ++ [0x02, msgpack(extra_key)]                   if extra_key is present
+//!              ++ [0x02, msgpack(extra_key')]                  if extra_key' is present
+//! extra_key' = extra_key without a leading element equal to lora_name
 //! parent_key of the first block = ROOT_KEY
 //! ```
 //!
 //! An extra key that is msgpack nil or an empty array counts as absent, so a
 //! store whose `extra_keys` are all `null` keys the same as a plain prompt.
+//! vLLM 0.33 publishes the adapter's name both as `lora_name` and as the first
+//! element of every block's extra key (`to_event_extra_keys` in
+//! `v1/core/kv_cache_utils.py`); older releases put it in `lora_name` only.
+//! Dropping the repeat makes both key the same, and lets the query side
+//! ([`request_block_keys`]) build the key from the request alone.
 
 use std::io;
 
@@ -60,7 +66,7 @@ pub fn chain_key(
     lora_name: Option<&str>,
     extra_key: Option<&rmpv::Value>,
 ) -> BlockKey {
-    let extra_key = extra_key.filter(|v| !is_absent(v));
+    let extra_key = extra_key.and_then(|v| Extra::of(v, lora_name));
     let seed = if lora_name.is_none() && extra_key.is_none() {
         parent.0
     } else {
@@ -114,15 +120,79 @@ pub fn extend_block_keys(
     key
 }
 
-fn is_absent(value: &rmpv::Value) -> bool {
-    match value {
-        rmpv::Value::Nil => true,
-        rmpv::Value::Array(items) => items.is_empty(),
-        _ => false,
+/// Keys of every full block of a request's prompt, with what vLLM 0.33 adds
+/// to its block hashes from the request itself
+/// (`generate_block_hash_extra_keys`): the LoRA adapter on every block, and
+/// `cache_salt` on the first block only. An empty salt is no salt (vLLM
+/// rejects it, and would ignore it). Events of the same blocks carry the same
+/// keys in `lora_name` and `extra_keys`, so both sides agree.
+pub fn request_block_keys(
+    tokens: &[u32],
+    block_size: usize,
+    lora_name: Option<&str>,
+    cache_salt: Option<&str>,
+) -> Vec<BlockKey> {
+    let salt = cache_salt.filter(|s| !s.is_empty());
+    let Some(salt) = salt else {
+        return block_keys(tokens, block_size, lora_name);
+    };
+    let mut keys = Vec::new();
+    if block_size == 0 || tokens.len() < block_size {
+        return keys;
+    }
+    // As vLLM publishes the first block's extra key: (lora name?, salt).
+    let first: Vec<rmpv::Value> =
+        lora_name.map(rmpv::Value::from).into_iter().chain([salt.into()]).collect();
+    let first =
+        chain_key(ROOT_KEY, &tokens[..block_size], lora_name, Some(&rmpv::Value::Array(first)));
+    keys.push(first);
+    extend_block_keys(first, &tokens[block_size..], block_size, lora_name, &[], &mut keys);
+    keys
+}
+
+/// A block's extra key as it enters the hash: absent when nil or empty, and
+/// without a leading repeat of the LoRA name (see the module docs).
+#[derive(Clone, Copy)]
+enum Extra<'a> {
+    Items(&'a [rmpv::Value]),
+    Value(&'a rmpv::Value),
+}
+
+impl<'a> Extra<'a> {
+    fn of(value: &'a rmpv::Value, lora_name: Option<&str>) -> Option<Extra<'a>> {
+        match value {
+            rmpv::Value::Nil => None,
+            rmpv::Value::Array(items) => {
+                let items = match (items.split_first(), lora_name) {
+                    (Some((head, rest)), Some(name)) if head.as_str() == Some(name) => rest,
+                    _ => items.as_slice(),
+                };
+                (!items.is_empty()).then_some(Extra::Items(items))
+            }
+            other => Some(Extra::Value(other)),
+        }
+    }
+
+    /// msgpack of the value (an array: its header, then each element, the
+    /// same bytes as encoding the array itself).
+    fn write(self, out: &mut HashWriter) {
+        // Writing into a hasher cannot fail; an encoder error could only
+        // truncate the input, which still hashes deterministically.
+        match self {
+            Extra::Items(items) => {
+                let _ignored = rmp::encode::write_array_len(out, items.len() as u32);
+                for item in items {
+                    let _ignored = rmpv::encode::write_value(out, item);
+                }
+            }
+            Extra::Value(value) => {
+                let _ignored = rmpv::encode::write_value(out, value);
+            }
+        }
     }
 }
 
-fn salted_seed(parent: BlockKey, lora_name: Option<&str>, extra_key: Option<&rmpv::Value>) -> u64 {
+fn salted_seed(parent: BlockKey, lora_name: Option<&str>, extra_key: Option<Extra<'_>>) -> u64 {
     let mut hasher = HashWriter(Xxh3::with_seed(parent.0));
     hasher.0.update(SALT_DOMAIN);
     if let Some(name) = lora_name {
@@ -130,11 +200,9 @@ fn salted_seed(parent: BlockKey, lora_name: Option<&str>, extra_key: Option<&rmp
         hasher.0.update(&(name.len() as u64).to_le_bytes());
         hasher.0.update(name.as_bytes());
     }
-    if let Some(value) = extra_key {
+    if let Some(extra) = extra_key {
         hasher.0.update(&[0x02]);
-        // Writing into a hasher cannot fail; an encoder error could only
-        // truncate the input, which still hashes deterministically.
-        let _ignored = rmpv::encode::write_value(&mut hasher, value);
+        extra.write(&mut hasher);
     }
     hasher.0.digest()
 }
@@ -272,5 +340,51 @@ mod tests {
         let last = extend_block_keys(mid, &tokens[32..], 16, None, &[], &mut out);
         assert_eq!(out, whole);
         assert_eq!(Some(&last), whole.last());
+    }
+
+    #[test]
+    fn request_keys_equal_what_vllm_0_33_events_carry() {
+        let tokens: Vec<u32> = (0..48).collect();
+        let s = |v: &str| rmpv::Value::from(v);
+        let arr = rmpv::Value::Array;
+        // LoRA and salt: (name, salt) on block 0, (name,) after it.
+        let events = block_keys_with_extra(
+            &tokens,
+            16,
+            Some("ad"),
+            &[arr(vec![s("ad"), s("t1")]), arr(vec![s("ad")]), arr(vec![s("ad")])],
+        );
+        assert_eq!(request_block_keys(&tokens, 16, Some("ad"), Some("t1")), events);
+        // Salt only: (salt,) on block 0, nothing after.
+        let events = block_keys_with_extra(&tokens, 16, None, &[arr(vec![s("t1")])]);
+        assert_eq!(request_block_keys(&tokens, 16, None, Some("t1")), events);
+        // LoRA only, with or without the name repeated in the extra keys.
+        let repeated = block_keys_with_extra(&tokens, 16, Some("ad"), &vec![arr(vec![s("ad")]); 3]);
+        assert_eq!(repeated, block_keys(&tokens, 16, Some("ad")));
+        assert_eq!(request_block_keys(&tokens, 16, Some("ad"), None), repeated);
+        // Nothing: plain keys; an empty salt is no salt.
+        assert_eq!(request_block_keys(&tokens, 16, None, Some("")), block_keys(&tokens, 16, None));
+    }
+
+    #[test]
+    fn a_salt_separates_every_block_and_only_its_own_tenant_shares() {
+        let tokens: Vec<u32> = (0..48).collect();
+        let plain = request_block_keys(&tokens, 16, None, None);
+        let a = request_block_keys(&tokens, 16, None, Some("a"));
+        let a_again = request_block_keys(&tokens, 16, None, Some("a"));
+        let b = request_block_keys(&tokens, 16, None, Some("b"));
+        assert_eq!(a, a_again);
+        for i in 0..3 {
+            assert_ne!(a[i], plain[i]);
+            assert_ne!(a[i], b[i]);
+        }
+        // A name that only looks like the adapter is not dropped.
+        let other = rmpv::Value::Array(vec![rmpv::Value::from("x")]);
+        assert_ne!(
+            chain_key(ROOT_KEY, &tokens[..16], Some("ad"), Some(&other)),
+            chain_key(ROOT_KEY, &tokens[..16], Some("ad"), None)
+        );
+        assert!(request_block_keys(&tokens[..15], 16, None, Some("a")).is_empty());
+        assert!(request_block_keys(&tokens, 0, None, Some("a")).is_empty());
     }
 }

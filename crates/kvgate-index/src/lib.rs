@@ -15,6 +15,8 @@
 //! - `index.rs`: [`Index`] and replica management.
 //! - `apply.rs`: applying events, with every anomaly counted.
 //! - `capacity.rs`: the per-tier memory bound and bulk eviction.
+//! - `recent.rs`: engine hashes removed a moment ago, so that a connector
+//!   store that names one (placeholder or parent) still resolves.
 //! - `query.rs`: [`PrefixMatch`] and the bitset prefix scan.
 //! - `stats.rs`: [`ApplyOutcome`], [`Anomalies`], [`IndexStats`].
 //!
@@ -33,6 +35,7 @@ mod holders;
 mod index;
 mod keys;
 mod query;
+mod recent;
 mod replica;
 mod replica_id;
 mod stats;
@@ -43,10 +46,12 @@ pub use capacity::{capacity_slack, DEFAULT_CAPACITY_BLOCKS};
 pub use error::IndexError;
 pub use index::Index;
 pub use keys::{
-    block_keys, block_keys_with_extra, chain_key, extend_block_keys, BlockKey, ROOT_KEY,
+    block_keys, block_keys_with_extra, chain_key, extend_block_keys, request_block_keys, BlockKey,
+    ROOT_KEY,
 };
 pub use kvgate_events::Tier;
 pub use query::PrefixMatch;
+pub use recent::{RECENT_CAPACITY, RECENT_TTL};
 pub use replica::ReplicaSpec;
 pub use replica_id::ReplicaId;
 pub use stats::{Anomalies, ApplyOutcome, IndexStats, ReplicaStats};

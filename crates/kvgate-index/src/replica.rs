@@ -14,6 +14,7 @@ use std::time::Instant;
 use rustc_hash::FxHashMap;
 
 use crate::keys::BlockKey;
+use crate::recent::RecentlyRemoved;
 use crate::stats::Anomalies;
 
 /// What the index needs to know about a replica. `(name, dp_rank)` is its
@@ -114,6 +115,16 @@ pub(crate) struct Replica {
     /// names the same content by two hashes (for example when its hash covers
     /// extra keys the events do not carry).
     pub(crate) extra_holds: FxHashMap<(u64, u8), u32>,
+    /// `(engine hash, tier)` → announcements beyond the first, for the
+    /// offloading tiers only. vLLM 0.33's offloading connector re-announces a
+    /// shared hash once per chunk that covers it and expects consumers to
+    /// count (`offloading/events.py`); each removal takes one back, and the
+    /// tier bit goes with the last. GPU stores stay idempotent: vLLM
+    /// re-announces prefix-cache hits there (`kv_cache_report_mode="full"`)
+    /// without a matching removal.
+    pub(crate) repeats: FxHashMap<(u64, u8), u32>,
+    /// Hashes removed a moment ago, for late placeholders and parents.
+    pub(crate) recent: RecentlyRemoved,
     /// KV cache groups seen with a spec kind other than full attention.
     pub(crate) non_full_groups: Vec<u32>,
     /// Next insertion sequence number (below [`SEQ_LIMIT`]).
@@ -129,6 +140,8 @@ impl Replica {
             entries: FxHashMap::default(),
             counts: [0; 3],
             extra_holds: FxHashMap::default(),
+            repeats: FxHashMap::default(),
+            recent: RecentlyRemoved::default(),
             non_full_groups: Vec::new(),
             next_seq: 0,
             anomalies: Anomalies::default(),

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use kvgate_events::{BlockHash, BlockRemoved, BlockStored, Event, Medium};
 use kvgate_index::{
     block_keys, capacity_slack, chain_key, Anomalies, ApplyOutcome, BlockKey, Index, PrefixMatch,
-    ReplicaId, ReplicaSpec, DEFAULT_CAPACITY_BLOCKS, ROOT_KEY,
+    ReplicaId, ReplicaSpec, DEFAULT_CAPACITY_BLOCKS, RECENT_CAPACITY, RECENT_TTL, ROOT_KEY,
 };
 use proptest::prelude::*;
 
@@ -41,6 +41,10 @@ struct ModelReplica {
     non_full_groups: HashSet<u32>,
     anomalies: Anomalies,
     last_event_at: Option<Instant>,
+    /// (hash, tier) -> announcements beyond the first (CPU and storage).
+    repeats: HashMap<(u64, usize), u32>,
+    /// Every removal that emptied an entry, oldest first: (hash, key, when).
+    removals: Vec<(u64, BlockKey, Instant)>,
 }
 
 impl ModelReplica {
@@ -53,7 +57,31 @@ impl ModelReplica {
             non_full_groups: HashSet::new(),
             anomalies: Anomalies::default(),
             last_event_at: None,
+            repeats: HashMap::new(),
+            removals: Vec::new(),
         }
+    }
+
+    fn expire(&mut self, now: Instant) {
+        let stale = self.removals.iter().take_while(|(_, _, at)| now - *at > RECENT_TTL).count();
+        self.removals.drain(..stale);
+    }
+
+    fn remember(&mut self, hash: u64, key: BlockKey, now: Instant) {
+        self.expire(now);
+        while self.removals.len() >= RECENT_CAPACITY {
+            self.removals.remove(0);
+        }
+        self.removals.push((hash, key, now));
+    }
+
+    /// The key of `hash`: held now, or emptied within the TTL (the latest).
+    fn resolve(&mut self, hash: u64, now: Instant) -> Option<BlockKey> {
+        if let Some(e) = self.entries.get(&hash) {
+            return Some(e.key);
+        }
+        self.expire(now);
+        self.removals.iter().rev().find(|(h, _, _)| *h == hash).map(|(_, k, _)| *k)
     }
 
     fn count(&self, tier: usize) -> u64 {
@@ -89,6 +117,7 @@ impl ModelReplica {
             .collect();
         holding.sort();
         for (_, hash) in holding.iter().take((held - capacity) as usize) {
+            self.repeats.remove(&(*hash, tier));
             let entry = self.entries.get_mut(hash).unwrap();
             entry.tiers &= !(1 << tier);
             if entry.tiers == 0 {
@@ -98,13 +127,17 @@ impl ModelReplica {
         }
     }
 
-    fn apply(&mut self, event: &Event, out: &mut ApplyOutcome) {
+    fn clear(&mut self) -> u64 {
+        let dropped = self.entries.values().map(|e| u64::from(e.tiers.count_ones())).sum::<u64>();
+        self.entries.clear();
+        self.repeats.clear();
+        self.removals.clear();
+        dropped
+    }
+
+    fn apply(&mut self, event: &Event, now: Instant, out: &mut ApplyOutcome) {
         match event {
-            Event::AllCleared => {
-                out.blocks_removed +=
-                    self.entries.values().map(|e| u64::from(e.tiers.count_ones())).sum::<u64>();
-                self.entries.clear();
-            }
+            Event::AllCleared => out.blocks_removed += self.clear(),
             Event::Removed(r) => {
                 if r.group_idx.is_some_and(|g| self.non_full_groups.contains(&g)) {
                     out.anomalies.non_full_group_ignored += 1;
@@ -115,9 +148,18 @@ impl ModelReplica {
                     let hash = hash.fold_u64();
                     match self.entries.get_mut(&hash) {
                         Some(e) if e.tiers & (1 << tier) != 0 => {
+                            if let Some(n) = self.repeats.get_mut(&(hash, tier)) {
+                                *n -= 1;
+                                if *n == 0 {
+                                    self.repeats.remove(&(hash, tier));
+                                }
+                                continue;
+                            }
                             e.tiers &= !(1 << tier);
+                            let key = e.key;
                             if e.tiers == 0 {
                                 self.entries.remove(&hash);
+                                self.remember(hash, key, now);
                             }
                             out.blocks_removed += 1;
                         }
@@ -125,11 +167,42 @@ impl ModelReplica {
                     }
                 }
             }
-            Event::Stored(s) => self.apply_stored(s, out),
+            Event::Stored(s) => self.apply_stored(s, now, out),
         }
     }
 
-    fn apply_stored(&mut self, s: &BlockStored, out: &mut ApplyOutcome) {
+    /// One more announcement of `hash` in `tier`: a repeat when already
+    /// held there (counted off the GPU), else the tier is added.
+    fn announce(&mut self, hash: u64, key: BlockKey, tier: usize, out: &mut ApplyOutcome) {
+        match self.entries.get(&hash) {
+            Some(e) if e.key == key && e.tiers & (1 << tier) != 0 => {
+                if tier != 0 {
+                    *self.repeats.entry((hash, tier)).or_insert(0) += 1;
+                }
+            }
+            Some(e) if e.key == key => {
+                let seq = self.seq();
+                let e = self.entries.get_mut(&hash).unwrap();
+                e.tiers |= 1 << tier;
+                e.seq = seq;
+            }
+            Some(_) => {
+                out.anomalies.hash_conflict += 1;
+                self.repeats.remove(&(hash, 1));
+                self.repeats.remove(&(hash, 2));
+                let seq = self.seq();
+                self.entries.insert(hash, ModelEntry { key, tiers: 1 << tier, seq });
+            }
+            None => {
+                let seq = self.seq();
+                self.entries.insert(hash, ModelEntry { key, tiers: 1 << tier, seq });
+            }
+        }
+        out.blocks_stored += 1;
+        self.evict(tier, out);
+    }
+
+    fn apply_stored(&mut self, s: &BlockStored, now: Instant, out: &mut ApplyOutcome) {
         let full = s.kv_cache_spec_kind.as_deref().is_none_or(|k| k == "full_attention");
         if let Some(g) = s.group_idx {
             if full {
@@ -150,18 +223,10 @@ impl ModelReplica {
             }
             for hash in &s.block_hashes {
                 let hash = hash.fold_u64();
-                if !self.entries.contains_key(&hash) {
-                    out.anomalies.unknown_placeholder += 1;
-                    continue;
+                match self.resolve(hash, now) {
+                    Some(key) => self.announce(hash, key, tier, out),
+                    None => out.anomalies.unknown_placeholder += 1,
                 }
-                if self.entries[&hash].tiers & (1 << tier) == 0 {
-                    let seq = self.seq();
-                    let e = self.entries.get_mut(&hash).unwrap();
-                    e.tiers |= 1 << tier;
-                    e.seq = seq;
-                    self.evict(tier, out);
-                }
-                out.blocks_stored += 1;
             }
             return;
         }
@@ -182,8 +247,8 @@ impl ModelReplica {
         }
         let mut key = match &s.parent_block_hash {
             None => ROOT_KEY,
-            Some(p) => match self.entries.get(&p.fold_u64()) {
-                Some(e) => e.key,
+            Some(p) => match self.resolve(p.fold_u64(), now) {
+                Some(k) => k,
                 None => {
                     out.anomalies.unknown_parent += 1;
                     return;
@@ -193,29 +258,12 @@ impl ModelReplica {
         for (i, hash) in s.block_hashes.iter().enumerate() {
             let tokens = &s.token_ids[i * bs..(i + 1) * bs];
             let extra = s.extra_keys.as_ref().and_then(|x| x.get(i));
-            key = chain_key(key, tokens, s.lora_name.as_deref(), extra);
             let hash = hash.fold_u64();
-            let seq_if_needed = match self.entries.get(&hash) {
-                Some(e) if e.key == key && e.tiers & (1 << tier) != 0 => None,
-                _ => Some(self.seq()),
+            key = match (tier, self.resolve(hash, now)) {
+                (1 | 2, Some(known)) => known,
+                _ => chain_key(key, tokens, s.lora_name.as_deref(), extra),
             };
-            if let Some(seq) = seq_if_needed {
-                match self.entries.get_mut(&hash) {
-                    Some(e) if e.key == key => {
-                        e.tiers |= 1 << tier;
-                        e.seq = seq;
-                    }
-                    Some(e) => {
-                        out.anomalies.hash_conflict += 1;
-                        *e = ModelEntry { key, tiers: 1 << tier, seq };
-                    }
-                    None => {
-                        self.entries.insert(hash, ModelEntry { key, tiers: 1 << tier, seq });
-                    }
-                }
-            }
-            out.blocks_stored += 1;
-            self.evict(tier, out);
+            self.announce(hash, key, tier, out);
         }
     }
 
@@ -273,7 +321,7 @@ impl Model {
             None => out.anomalies.unknown_replica += 1,
             Some(r) => {
                 r.last_event_at = Some(now);
-                r.apply(event, &mut out);
+                r.apply(event, now, &mut out);
                 r.anomalies += out.anomalies;
             }
         }

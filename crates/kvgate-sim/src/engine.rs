@@ -36,7 +36,7 @@ use rustc_hash::FxHashMap;
 
 use crate::config::EngineConfig;
 use crate::error::SimError;
-use crate::hash::{BlockHasher, Hash32};
+use crate::hash::{BlockHasher, CacheIdentity, Hash32};
 use crate::pool::{BlockMeta, CpuTier, GpuPool};
 
 /// Caller-chosen request identity (the HTTP shell maps its string ids).
@@ -142,6 +142,8 @@ pub struct EngineStats {
 #[derive(Clone, Debug)]
 struct Request {
     tokens: Vec<u32>,
+    /// LoRA adapter and cache salt: part of every block hash and event.
+    identity: CacheIdentity,
     hashes: Vec<Hash32>,
     blocks: Vec<u32>,
     num_computed: usize,
@@ -240,6 +242,7 @@ impl Engine {
             id,
             Request {
                 tokens: prompt_tokens,
+                identity: CacheIdentity::default(),
                 hashes,
                 blocks: Vec::new(),
                 num_computed: 0,
@@ -254,6 +257,20 @@ impl Engine {
             },
         );
         self.waiting.push_back(id);
+        Ok(())
+    }
+
+    /// Gives a request just added its LoRA adapter and cache salt, which
+    /// vLLM folds into its block hashes: it then shares cached blocks only
+    /// with requests of the same identity. Only before its first step.
+    pub fn set_identity(&mut self, id: RequestId, identity: CacheIdentity) -> Result<(), SimError> {
+        let r = match self.requests.get_mut(&id) {
+            Some(r) if r.num_computed == 0 && r.blocks.is_empty() => r,
+            _ => return Err(SimError::IdentityFixed(id)),
+        };
+        r.hashes.clear();
+        self.hasher.extend_keyed_blocks(&mut r.hashes, &r.tokens, self.block_size, &identity);
+        r.identity = identity;
         Ok(())
     }
 
@@ -509,7 +526,12 @@ impl Engine {
                 any_finished = true;
             } else {
                 r.tokens.push(token);
-                self.hasher.extend_full_blocks(&mut r.hashes, &r.tokens, self.block_size);
+                self.hasher.extend_keyed_blocks(
+                    &mut r.hashes,
+                    &r.tokens,
+                    self.block_size,
+                    &r.identity,
+                );
             }
         }
         if any_finished {
@@ -610,6 +632,12 @@ impl Engine {
                 self.config.block_size,
             );
             ev.medium = Some(Medium::Gpu);
+            if !r.identity.is_plain() {
+                // As vLLM 0.33's block pool: the adapter in `lora_name`, and
+                // per block what its hash folded in (`to_event_extra_keys`).
+                ev.lora_name = r.identity.lora_name.clone();
+                ev.extra_keys = Some((s..e).map(|i| r.identity.event_extra_key(i)).collect());
+            }
             events.push(Event::Stored(ev));
         }
         true

@@ -16,6 +16,9 @@ pub enum SimError {
     /// `max_tokens` of 0.
     #[error("request {0} asks for zero output tokens")]
     ZeroMaxTokens(u64),
+    /// `set_identity` for a request that is unknown or already scheduled.
+    #[error("request {0} is not waiting unscheduled: its cache identity is fixed")]
+    IdentityFixed(u64),
     /// Prompt plus output cannot fit in the GPU KV cache.
     #[error("request {id} needs {tokens} tokens, more than max_model_len {max_model_len}")]
     TooLong {

@@ -37,6 +37,6 @@ pub mod timing;
 pub use config::EngineConfig;
 pub use engine::{Engine, EngineStats, FinishReason, RequestId, StepOutput, TokenOutput};
 pub use error::SimError;
-pub use hash::BlockHasher;
+pub use hash::{BlockHasher, CacheIdentity};
 pub use request_stats::{FinishedRequest, StepRecord, Tracker};
 pub use timing::TimingModel;

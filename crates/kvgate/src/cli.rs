@@ -139,6 +139,11 @@ pub(crate) struct SimArgs {
     /// Served model name.
     #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
     pub(crate) model: String,
+    /// A LoRA adapter served beside the model (repeatable), as vLLM's
+    /// `--lora-modules NAME=PATH`: a request whose `model` names it hashes
+    /// its blocks under the adapter, and events carry `lora_name`.
+    #[arg(long = "lora-adapter", value_name = "NAME")]
+    pub(crate) lora_adapters: Vec<String>,
     /// KV-event PUB endpoint of the first replica, e.g. `tcp://*:5557`
     /// (bound, by vLLM's rule) or `tcp://HOST:PORT` (connected).
     #[arg(long)]

@@ -109,6 +109,7 @@ async fn embedded_fleet(c: &GatewayConfig) -> anyhow::Result<(Vec<Replica>, Vec<
                 ..EngineConfig::default()
             },
             model: c.model.served_name.clone(),
+            lora_adapters: c.model.lora_adapters.clone(),
             speedup: s.speedup,
             api_key: None,
             events: Some(events),

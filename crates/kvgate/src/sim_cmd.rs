@@ -91,6 +91,7 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
         let config = ServerConfig {
             engine,
             model: args.model.clone(),
+            lora_adapters: args.lora_adapters.clone(),
             speedup: args.speedup,
             api_key: args.api_key.clone(),
             events,

@@ -13,6 +13,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{Engine, RequestId, TokenOutput};
 use crate::error::SimError;
+use crate::hash::CacheIdentity;
 use crate::request_stats::Tracker;
 use crate::server::metrics::Metrics;
 
@@ -24,6 +25,8 @@ pub(crate) struct NewRequest {
     pub(crate) max_tokens: u32,
     pub(crate) min_tokens: u32,
     pub(crate) ignore_eos: bool,
+    /// LoRA adapter and cache salt.
+    pub(crate) identity: CacheIdentity,
     /// Every output token of this request, in order.
     pub(crate) tokens: mpsc::UnboundedSender<TokenOutput>,
     /// Whether the engine accepted it.
@@ -136,6 +139,10 @@ fn handle(
             let prompt_len = r.prompt.len();
             let res =
                 engine.add_request(r.id, r.prompt, r.max_tokens, r.min_tokens, r.ignore_eos, now);
+            let res = match res {
+                Ok(()) if !r.identity.is_plain() => engine.set_identity(r.id, r.identity),
+                other => other,
+            };
             if res.is_ok() {
                 reqs.live.insert(r.id, Live { tokens: r.tokens });
                 reqs.stats.add(r.id, prompt_len, now);

@@ -18,6 +18,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{FinishReason, RequestId, TokenOutput};
+use crate::hash::CacheIdentity;
 use crate::server::driver::{Command, NewRequest};
 use crate::server::AppState;
 
@@ -61,19 +62,24 @@ pub(super) async fn health() -> StatusCode {
     StatusCode::OK
 }
 
+/// The model, then its adapters with the model as `parent`, as vLLM lists them.
 pub(super) async fn models(State(state): State<Shared>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.config.model,
+    let created = unix_now();
+    let card = |id: &str, parent: Option<&str>| {
+        json!({
+            "id": id,
             "object": "model",
-            "created": unix_now(),
+            "created": created,
             "owned_by": "vllm",
-            "root": state.config.model,
-            "parent": null,
+            "root": id,
+            "parent": parent,
             "max_model_len": state.config.engine.max_model_len(),
-        }]
-    }))
+        })
+    };
+    let model = state.config.model.as_str();
+    let adapters = state.config.lora_adapters.iter().map(|a| card(a, Some(model)));
+    let data: Vec<Value> = std::iter::once(card(model, None)).chain(adapters).collect();
+    Json(json!({ "object": "list", "data": data }))
 }
 
 pub(super) async fn metrics(State(state): State<Shared>) -> Response {
@@ -139,19 +145,40 @@ pub(super) fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
 
 pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
-        Some(m) if m != state.config.model => {
+        Some(m)
+            if m != state.config.model && !state.config.lora_adapters.iter().any(|a| a == m) =>
+        {
             Err(ApiError(StatusCode::NOT_FOUND, format!("The model `{m}` does not exist.")))
         }
         _ => Ok(()),
     }
 }
 
-/// Sampling knobs the engine model honours.
+/// Sampling knobs the engine model honours, and what names its blocks.
 #[derive(Clone)]
 pub(super) struct Sampling {
     pub(super) max_tokens: u32,
     pub(super) min_tokens: u32,
     pub(super) ignore_eos: bool,
+    pub(super) identity: CacheIdentity,
+}
+
+impl Sampling {
+    /// The adapter (when `model` names one) and `cache_salt` of the request.
+    pub(super) fn keyed(
+        mut self,
+        state: &AppState,
+        model: Option<&str>,
+        cache_salt: Option<&Value>,
+    ) -> Sampling {
+        self.identity = CacheIdentity {
+            lora_name: model
+                .filter(|m| state.config.lora_adapters.iter().any(|a| a == m))
+                .map(str::to_owned),
+            cache_salt: cache_salt.and_then(Value::as_str).map(str::to_owned),
+        };
+        self
+    }
 }
 
 pub(super) fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option<u64>) -> Sampling {
@@ -161,6 +188,7 @@ pub(super) fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option
         max_tokens,
         min_tokens: extra.get("min_tokens").and_then(Value::as_u64).unwrap_or(0) as u32,
         ignore_eos: extra.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false),
+        identity: CacheIdentity::default(),
     }
 }
 
@@ -191,7 +219,11 @@ pub(super) async fn chat(State(state): State<Shared>, body: Bytes) -> Response {
         }
         Err(e) => return e.into_response(),
     };
-    let s = sampling(&state, &request.extra, request.max_output_tokens());
+    let s = sampling(&state, &request.extra, request.max_output_tokens()).keyed(
+        &state,
+        request.model(),
+        request.extra.get("cache_salt"),
+    );
     let kind = Kind::Chat;
     generate(state, kind, prompt, s, request.is_stream(), request.include_usage()).await
 }
@@ -247,7 +279,11 @@ pub(super) async fn completions(State(state): State<Shared>, body: Bytes) -> Res
         }
         None => return bad("`prompt` is required"),
     };
-    let s = sampling(&state, &request.extra, request.max_output_tokens());
+    let s = sampling(&state, &request.extra, request.max_output_tokens()).keyed(
+        &state,
+        request.model(),
+        request.extra.get("cache_salt"),
+    );
     generate(state, Kind::Completion, prompt, s, request.is_stream(), request.include_usage()).await
 }
 
@@ -265,7 +301,11 @@ async fn completions_batch(
     if prompts.is_empty() {
         return bad("`prompt` must not be an empty list");
     }
-    let s = sampling(&state, &request.extra, request.max_output_tokens());
+    let s = sampling(&state, &request.extra, request.max_output_tokens()).keyed(
+        &state,
+        request.model(),
+        request.extra.get("cache_salt"),
+    );
     let runs = prompts
         .into_iter()
         .map(|p| generate(Arc::clone(&state), Kind::Completion, p, s.clone(), false, false));
@@ -319,7 +359,11 @@ pub(super) async fn generate_tokens(State(state): State<Shared>, body: Bytes) ->
     let Some(prompt) = ids else { return bad("`token_ids` must be an array of token ids") };
     let empty = Map::new();
     let params = value.get("sampling_params").and_then(Value::as_object).unwrap_or(&empty);
-    let s = sampling(&state, params, params.get("max_tokens").and_then(Value::as_u64));
+    let s = sampling(&state, params, params.get("max_tokens").and_then(Value::as_u64)).keyed(
+        &state,
+        value.get("model").and_then(Value::as_str),
+        value.get("cache_salt"),
+    );
     let stream = value.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = stream
         && value.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
@@ -404,6 +448,7 @@ async fn generate(
         max_tokens: s.max_tokens,
         min_tokens: s.min_tokens,
         ignore_eos: s.ignore_eos,
+        identity: s.identity.clone(),
         tokens: tok_tx,
         accepted: acc_tx,
     };

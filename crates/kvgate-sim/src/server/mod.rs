@@ -34,6 +34,9 @@ pub struct ServerConfig {
     pub engine: EngineConfig,
     /// The served model name (`/v1/models`, responses, metric labels).
     pub model: String,
+    /// LoRA adapters served beside the model (vLLM's `--lora-modules`): a
+    /// request naming one hashes its blocks under the adapter.
+    pub lora_adapters: Vec<String>,
     /// Real time runs this many times faster than the timing model.
     pub speedup: f64,
     /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
@@ -67,6 +70,7 @@ impl Default for ServerConfig {
         ServerConfig {
             engine: EngineConfig::default(),
             model: "Qwen/Qwen3-0.6B".to_owned(),
+            lora_adapters: Vec::new(),
             speedup: 1.0,
             api_key: None,
             events: None,
