@@ -105,8 +105,15 @@ pub(crate) async fn add_replica(State(s): S, body: Bytes) -> Response {
     if let Err(e) = check.validate() {
         return error_response(&ErrorResponse::invalid_request(e.to_string()));
     }
-    match registry::add(&s, cfg) {
-        Ok(r) => (StatusCode::CREATED, Json(json!({"added": r.name}))).into_response(),
+    match registry::add_ranks(&s, cfg) {
+        Ok(added) => {
+            let names: Vec<&str> = added.iter().map(|r| r.name.as_str()).collect();
+            let body = match names.as_slice() {
+                [one] => json!({"added": one}),
+                many => json!({"added": many}),
+            };
+            (StatusCode::CREATED, Json(body)).into_response()
+        }
         Err(e) => error_response(&ErrorResponse::with_status(409, e)),
     }
 }

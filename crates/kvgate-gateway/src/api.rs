@@ -94,7 +94,8 @@ pub(crate) async fn models(State(s): S) -> Json<Value> {
         })
     };
     let base = std::iter::once(card(&model.served_name, None));
-    let adapters = model.lora_adapters.iter().map(|a| card(a, Some(&model.served_name)));
+    let served = s.adapters();
+    let adapters = served.iter().map(|a| card(a, Some(&model.served_name)));
     Json(json!({ "object": "list", "data": base.chain(adapters).collect::<Vec<_>>() }))
 }
 
@@ -109,7 +110,7 @@ pub(crate) async fn tokenize(State(s): S, body: Bytes) -> Response {
         return bad("the body is not valid JSON");
     };
     if let Some(m) = value.get("model").and_then(Value::as_str) {
-        if m != s.config.model.served_name && !s.config.model.lora_adapters.iter().any(|a| a == m) {
+        if m != s.config.model.served_name && !s.adapters().iter().any(|a| a == m) {
             return error_response(&ErrorResponse::not_found(format!(
                 "The model `{m}` does not exist."
             )));

@@ -68,10 +68,42 @@ pub struct ReplicaConfig {
     /// How prompt tokens are handed over.
     #[serde(default)]
     pub passthrough: Passthrough,
+    /// The server's `--data-parallel-size`: its ranks are separate caches,
+    /// each a candidate of its own (`NAME#r`), with events on the port of
+    /// `events` (and `replay`) plus r, as vLLM offsets them.
+    #[serde(default = "default_dp_size")]
+    pub dp_size: u32,
+    /// The one data-parallel rank this entry is (requests carry
+    /// `X-data-parallel-rank`); set by the `dp_size` expansion, or by hand
+    /// for ranks whose event ports do not follow the +r rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_rank: Option<u32>,
 }
 
 fn default_block_size() -> u32 {
     16
+}
+
+fn default_dp_size() -> u32 {
+    1
+}
+
+/// The most data-parallel ranks one replica entry may expand into.
+pub const MAX_DP_SIZE: u32 = 256;
+
+/// vLLM's rule for a rank's event endpoints (`offset_endpoint_port` in
+/// `distributed/kv_events.py`): the TCP port plus the rank; port 0 stays 0.
+fn offset_port(endpoint: &str, rank: u32) -> Result<String, String> {
+    let (host, port) =
+        endpoint.rsplit_once(':').ok_or_else(|| format!("endpoint {endpoint:?} has no port"))?;
+    let port: u32 = port.parse().map_err(|_| format!("endpoint {endpoint:?}: bad port"))?;
+    if port == 0 {
+        return Ok(endpoint.to_owned());
+    }
+    match u16::try_from(port + rank) {
+        Ok(p) => Ok(format!("{host}:{p}")),
+        Err(_) => Err(format!("endpoint {endpoint:?} plus rank {rank} is past port 65535")),
+    }
 }
 
 impl ReplicaConfig {
@@ -86,7 +118,46 @@ impl ReplicaConfig {
             api_key: None,
             block_size: default_block_size(),
             passthrough: Passthrough::default(),
+            dp_size: default_dp_size(),
+            dp_rank: None,
         }
+    }
+
+    /// The entries this one stands for: itself, or with `dp_size` k > 1 one
+    /// entry per rank, named `NAME#r`, pinned to rank r, with events and
+    /// replay on the ports plus r.
+    pub fn ranks(&self) -> Result<Vec<ReplicaConfig>, String> {
+        if self.dp_size <= 1 {
+            return Ok(vec![self.clone()]);
+        }
+        if self.dp_rank.is_some() {
+            return Err(format!(
+                "replica {}: dp_size and dp_rank are exclusive (one entry is one rank, or all)",
+                self.display_name()
+            ));
+        }
+        if self.dp_size > MAX_DP_SIZE {
+            return Err(format!(
+                "replica {}: dp_size {} is over {MAX_DP_SIZE}",
+                self.display_name(),
+                self.dp_size
+            ));
+        }
+        let name = self.display_name().trim_end_matches('/').to_owned();
+        (0..self.dp_size)
+            .map(|rank| {
+                let offset =
+                    |e: &Option<String>| e.as_deref().map(|e| offset_port(e, rank)).transpose();
+                Ok(ReplicaConfig {
+                    name: Some(format!("{name}#{rank}")),
+                    events: offset(&self.events)?,
+                    replay: offset(&self.replay)?,
+                    dp_size: 1,
+                    dp_rank: Some(rank),
+                    ..self.clone()
+                })
+            })
+            .collect()
     }
 
     /// The display name.
@@ -95,7 +166,7 @@ impl ReplicaConfig {
     }
 
     /// Parses the `--replica` flag:
-    /// `URL[,events=tcp://H:P][,replay=tcp://H:P][,topic=T][,api_key=K][,block_size=N][,passthrough=MODE][,name=N]`.
+    /// `URL[,events=tcp://H:P][,replay=tcp://H:P][,topic=T][,api_key=K][,block_size=N][,passthrough=MODE][,name=N][,dp_size=K][,dp_rank=R]`.
     pub fn parse_spec(spec: &str) -> Result<ReplicaConfig, ConfigError> {
         let mut parts = spec.split(',');
         let url = parts.next().unwrap_or_default().trim();
@@ -116,6 +187,16 @@ impl ReplicaConfig {
                 "topic" => r.topic = v.to_owned(),
                 "api_key" => r.api_key = Some(v.to_owned()),
                 "name" => r.name = Some(v.to_owned()),
+                "dp_size" => {
+                    r.dp_size = v.parse().ok().filter(|&k| k >= 1).ok_or_else(|| {
+                        ConfigError::Invalid(format!("--replica {spec:?}: dp_size {v:?}"))
+                    })?
+                }
+                "dp_rank" => {
+                    r.dp_rank = Some(v.parse().map_err(|_| {
+                        ConfigError::Invalid(format!("--replica {spec:?}: dp_rank {v:?}"))
+                    })?)
+                }
                 "block_size" => {
                     r.block_size = v.parse().map_err(|_| {
                         ConfigError::Invalid(format!("--replica {spec:?}: block_size {v:?}"))
@@ -137,7 +218,7 @@ impl ReplicaConfig {
                 other => {
                     return Err(ConfigError::Invalid(format!(
                         "--replica {spec:?}: unknown key {other:?} (expected events, replay, \
-                         topic, api_key, block_size, passthrough, name)"
+                         topic, api_key, block_size, passthrough, name, dp_size, dp_rank)"
                     )))
                 }
             }
@@ -564,9 +645,11 @@ impl GatewayConfig {
                     r.url
                 ));
             }
-            if !seen.insert(r.url.trim_end_matches('/').to_owned()) {
+            // One URL may be listed once per data-parallel rank.
+            if !seen.insert((r.url.trim_end_matches('/').to_owned(), r.dp_rank)) {
                 return bad(format!("replica {:?} is listed twice", r.url));
             }
+            r.ranks().map_err(ConfigError::Invalid)?;
             for ep in [&r.events, &r.replay].into_iter().flatten() {
                 // Checked here, not only when the subscriber dials it: a
                 // typo would otherwise surface as a feed that restarts
@@ -736,6 +819,72 @@ mod tests {
             ReplicaConfig { events: Some("udp://x".into()), ..ReplicaConfig::new("http://b:1") };
         assert!(c.validate().unwrap_err().to_string().contains("tcp://"));
         c.replicas[1] = ReplicaConfig::new("ftp://b:1");
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn a_data_parallel_entry_becomes_one_candidate_per_rank() {
+        let r = ReplicaConfig::parse_spec(
+            "http://h:8000,name=dp,events=tcp://h:5557,replay=tcp://h:6557,dp_size=3",
+        )
+        .unwrap();
+        let ranks = r.ranks().unwrap();
+        let got: Vec<_> = ranks
+            .iter()
+            .map(|r| {
+                (
+                    r.name.clone().unwrap(),
+                    r.dp_rank,
+                    r.events.clone().unwrap(),
+                    r.replay.clone().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            (0..3u32)
+                .map(|k| (
+                    format!("dp#{k}"),
+                    Some(k),
+                    format!("tcp://h:{}", 5557 + k),
+                    format!("tcp://h:{}", 6557 + k)
+                ))
+                .collect::<Vec<_>>()
+        );
+        assert!(ranks.iter().all(|r| r.url == "http://h:8000" && r.dp_size == 1));
+        // One entry alone stays itself; port 0 stays 0 (vLLM's rule).
+        assert_eq!(
+            ReplicaConfig::new("http://h").ranks().unwrap(),
+            vec![ReplicaConfig::new("http://h")]
+        );
+        let mut zero = ReplicaConfig::new("http://h");
+        zero.events = Some("tcp://h:0".into());
+        zero.dp_size = 2;
+        assert!(zero.ranks().unwrap().iter().all(|r| r.events.as_deref() == Some("tcp://h:0")));
+    }
+
+    #[test]
+    fn bad_data_parallel_entries_are_refused() {
+        for spec in ["http://h,dp_size=0", "http://h,dp_size=x", "http://h,dp_rank=-1"] {
+            assert!(ReplicaConfig::parse_spec(spec).is_err(), "{spec}");
+        }
+        let mut both = ReplicaConfig::new("http://h");
+        both.dp_size = 2;
+        both.dp_rank = Some(0);
+        assert!(both.ranks().is_err());
+        let mut huge = ReplicaConfig::new("http://h");
+        huge.dp_size = MAX_DP_SIZE + 1;
+        assert!(huge.ranks().is_err());
+        let mut past = ReplicaConfig::new("http://h");
+        past.events = Some("tcp://h:65535".into());
+        past.dp_size = 2;
+        assert!(past.ranks().unwrap_err().contains("65535"));
+        // Two ranks of one URL are not a duplicate; the same rank twice is.
+        let mut c = GatewayConfig::default();
+        let rank = |k| ReplicaConfig { dp_rank: Some(k), ..ReplicaConfig::new("http://h:1") };
+        c.replicas = vec![rank(0), rank(1)];
+        assert!(c.validate().is_ok(), "{:?}", c.validate());
+        c.replicas = vec![rank(1), rank(1)];
         assert!(c.validate().is_err());
     }
 }

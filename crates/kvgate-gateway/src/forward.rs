@@ -162,6 +162,11 @@ async fn send(
     if let Some(k) = &replica.config.api_key {
         rb = rb.bearer_auth(k);
     }
+    if let Some(rank) = replica.config.dp_rank {
+        // vLLM's server pins the request to this data-parallel engine
+        // (`_get_data_parallel_rank` in entrypoints/generate/base/serving.py).
+        rb = rb.header("x-data-parallel-rank", rank);
+    }
     let first_byte = Duration::from_millis(shared.config.limits.first_byte_timeout_ms);
     let resp = match tokio::time::timeout(first_byte, rb.send()).await {
         Err(_) => {

@@ -139,6 +139,7 @@ pub(crate) struct Metrics {
     decide: Histogram,
     prompt_tokens: Counter,
     predicted_cached_tokens: Counter,
+    unmatched: Family<ReasonLabels, Counter>,
     retries: Family<ReasonLabels, Counter>,
     stream_errors: Family<ReasonLabels, Counter>,
     rejected: Family<ReasonLabels, Counter>,
@@ -164,6 +165,7 @@ impl Metrics {
         let decide = decide_histogram();
         let prompt_tokens = Counter::default();
         let predicted_cached_tokens = Counter::default();
+        let unmatched = Family::<ReasonLabels, Counter>::default();
         let retries = Family::<ReasonLabels, Counter>::default();
         let stream_errors = Family::<ReasonLabels, Counter>::default();
         let rejected = Family::<ReasonLabels, Counter>::default();
@@ -238,6 +240,13 @@ impl Metrics {
             predicted_cached_tokens.clone(),
         );
         registry.register(
+            "unmatched_requests",
+            "Requests routed by load alone, with no reuse claimed, because kvgate cannot \
+             key their blocks as the engine does: content it does not render (images, \
+             audio) or prompt embeddings",
+            unmatched.clone(),
+        );
+        registry.register(
             "retries",
             "Requests retried on another replica, by reason",
             retries.clone(),
@@ -263,6 +272,7 @@ impl Metrics {
             decide,
             prompt_tokens,
             predicted_cached_tokens,
+            unmatched,
             retries,
             stream_errors,
             rejected,
@@ -331,6 +341,12 @@ impl Metrics {
     pub(crate) fn prompt_tokens(&self, total: u64, predicted_cached: u64) {
         self.prompt_tokens.inc_by(total);
         self.predicted_cached_tokens.inc_by(predicted_cached);
+    }
+
+    /// A request kvgate cannot key: `"unrendered_content"` or
+    /// `"prompt_embeds"`.
+    pub(crate) fn unmatched(&self, reason: &'static str) {
+        self.unmatched.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     /// A retry: `"connect"`, `"status_5xx"` or `"timeout"`.
@@ -1047,6 +1063,7 @@ mod tests {
         m.stream_error("client_disconnect");
         m.rejected("all_busy");
         m.rejected("all_busy");
+        m.unmatched("prompt_embeds");
         let text = m.render(&snapshot());
         assert_has(
             &text,
@@ -1076,6 +1093,7 @@ mod tests {
                 "kvgate_decide_seconds_sum 0.000002",
                 "kvgate_prompt_tokens_total 1024",
                 "kvgate_predicted_cached_tokens_total 750",
+                r#"kvgate_unmatched_requests_total{reason="prompt_embeds"} 1"#,
                 r#"kvgate_retries_total{reason="connect"} 1"#,
                 r#"kvgate_retries_total{reason="timeout"} 0"#,
                 r#"kvgate_stream_errors_total{reason="client_disconnect"} 1"#,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use kvgate_router::EngineReport;
 
 use crate::locks::{lock, write};
-use crate::scrape::{parse_engine_metrics, EngineScrape};
+use crate::scrape::{parse_rank_metrics, EngineScrape};
 use crate::state::{Replica, Shared};
 
 /// Probes `replica` until it is stopped.
@@ -22,12 +22,41 @@ pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) {
     ));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stop = replica.stop.subscribe();
+    let mut adapters_at: Option<Instant> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
             _ = async { let _ = stop.wait_for(|v| *v).await; } => return,
         }
         probe_once(&shared, &replica).await;
+        let up = lock(&replica.status).probe_ok;
+        if up && adapters_at.is_none_or(|at| at.elapsed() >= ADAPTER_REFRESH) {
+            refresh_adapters(&shared, &replica).await;
+            adapters_at = Some(Instant::now());
+        }
+    }
+}
+
+/// How often the engine's `/v1/models` is read for LoRA adapters (vLLM can
+/// load and unload them at run time).
+pub(crate) const ADAPTER_REFRESH: Duration = Duration::from_secs(10);
+
+/// Reads the engine's LoRA adapters from `/v1/models`: vLLM lists each one
+/// as a card whose `parent` is the base model. A failed or odd answer keeps
+/// the last list (the probe reports the replica's health).
+async fn refresh_adapters(shared: &Shared, replica: &Replica) {
+    let timeout = Duration::from_millis(shared.config.monitor.probe_timeout_ms);
+    let Ok(text) = get(shared, replica, "/v1/models", timeout).await else { return };
+    let Ok(list) = serde_json::from_str::<kvgate_openai::ModelList>(&text) else {
+        tracing::debug!(replica = %replica.name, "/v1/models is not a model list");
+        return;
+    };
+    let adapters: Vec<String> =
+        list.data.into_iter().filter(|card| card.parent.is_some()).map(|card| card.id).collect();
+    let mut status = lock(&replica.status);
+    if status.adapters != adapters {
+        tracing::info!(replica = %replica.name, ?adapters, "LoRA adapters listed by the engine");
+        status.adapters = adapters;
     }
 }
 
@@ -45,7 +74,8 @@ pub(crate) async fn probe_once(shared: &Shared, replica: &Replica) {
     match health {
         Ok(_) => {
             let metrics = get(shared, replica, "/metrics", timeout).await;
-            let scrape = metrics.map_err(|p| p.error).and_then(|t| parse_engine_metrics(&t));
+            let rank = replica.config.dp_rank;
+            let scrape = metrics.map_err(|p| p.error).and_then(|t| parse_rank_metrics(&t, rank));
             on_success(shared, replica, scrape, now);
         }
         // Nothing listens (refused, unreachable): out of rotation at once,

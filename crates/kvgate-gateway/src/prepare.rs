@@ -63,15 +63,16 @@ fn bad(msg: impl Into<String>) -> Reject {
     Box::new(invalid(msg))
 }
 
-/// The LoRA adapter the request names, if any; an unknown model is vLLM's
-/// 404.
-fn check_model<'a>(shared: &'a Shared, model: Option<&str>) -> Result<Option<&'a str>, Reject> {
+/// The LoRA adapter the request names, if any: one of `model.lora_adapters`,
+/// or one an engine lists in `/v1/models`. An unknown model is vLLM's 404.
+fn check_model<'a>(shared: &'a Shared, model: Option<&'a str>) -> Result<Option<&'a str>, Reject> {
     let served = &shared.config.model;
     match model {
         None => Ok(None),
         Some(m) if m == served.served_name => Ok(None),
         Some(m) => match served.lora_adapters.iter().find(|a| *a == m) {
             Some(adapter) => Ok(Some(adapter.as_str())),
+            None if shared.engine_serves_adapter(m) => Ok(Some(m)),
             None => {
                 let e = ErrorResponse::not_found(format!("The model `{m}` does not exist."));
                 Err(Box::new(e.with_param("model")))
@@ -199,6 +200,7 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
                 // renders it; kvgate routes by load.
                 Err(TokenizeError::Unsupported(why)) => {
                     tracing::debug!(%why, "not tokenized by kvgate; forwarded as is");
+                    shared.metrics.unmatched("unrendered_content");
                     None
                 }
                 Err(e) => return Err(bad(e.to_string())),
@@ -235,6 +237,23 @@ pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared
         CacheIdentity { lora: check_model(shared, req.model())?, salt: cache_salt(&req.extra)? };
     check_output_limit(&req.extra)?;
     let max_out = max_output(req.max_output_tokens());
+    if req.extra.get("prompt_embeds").is_some_and(|v| !v.is_null()) {
+        // vLLM hashes embedding blocks by their digest (`prompt_embeds` in
+        // the extra keys), which kvgate cannot compute: route by load and
+        // forward the body as it came.
+        shared.metrics.unmatched("prompt_embeds");
+        return Ok(finish(
+            shared,
+            Route::Completions,
+            &identity,
+            None,
+            max_out,
+            req.is_stream(),
+            session_key(&req.extra),
+            body,
+            None,
+        ));
+    }
     let add_special = req.add_special_tokens();
     let prompt = req
         .prompt

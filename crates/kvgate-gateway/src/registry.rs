@@ -15,6 +15,27 @@ use crate::locks::{lock, read, write};
 use crate::state::{Replica, ReplicaStatus, Shared};
 use crate::supervise::{self, Task};
 
+/// Registers every entry `cfg` stands for (one per data-parallel rank, see
+/// [`ReplicaConfig::ranks`]), all or none.
+pub(crate) fn add_ranks(
+    shared: &Arc<Shared>,
+    cfg: ReplicaConfig,
+) -> Result<Vec<Arc<Replica>>, String> {
+    let mut added = Vec::new();
+    for rank in cfg.ranks()? {
+        match add(shared, rank) {
+            Ok(r) => added.push(r),
+            Err(e) => {
+                for r in &added {
+                    remove(shared, r);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(added)
+}
+
 /// Registers `cfg` and starts its tasks.
 pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replica>, String> {
     let base = cfg.url.trim_end_matches('/').to_owned();
@@ -25,7 +46,8 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
             cfg.block_size, shared.block_size
         ));
     }
-    if read(&shared.replicas).iter().any(|r| r.base == base || r.name == name) {
+    let same = |r: &Replica| (r.base == base && r.config.dp_rank == cfg.dp_rank) || r.name == name;
+    if read(&shared.replicas).iter().any(|r| same(r)) {
         return Err(format!("replica {name} is already registered"));
     }
     let route_urls = Replica::parse_route_urls(&base)?;
@@ -33,7 +55,7 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
         let mut index = write(&shared.index);
         // Bounded from the start; the engine's reported cache size replaces
         // the bound once known (monitor).
-        let mut spec = ReplicaSpec::new(name.clone(), 0, cfg.block_size);
+        let mut spec = ReplicaSpec::new(name.clone(), cfg.dp_rank.unwrap_or(0), cfg.block_size);
         spec.capacity_blocks = [Some(shared.config.limits.index_blocks_per_tier); 3];
         let id = index.add_replica(spec).map_err(|e| e.to_string())?;
         let mut router = lock(&shared.router);

@@ -159,12 +159,25 @@ impl TimingSeries {
 
 /// Parses the text exposition. Fails when none of vLLM's load gauges is
 /// present (the URL is probably not a vLLM server).
+#[cfg(test)]
 pub(crate) fn parse_engine_metrics(text: &str) -> Result<EngineScrape, String> {
+    parse_rank_metrics(text, None)
+}
+
+/// [`parse_engine_metrics`] for one data-parallel rank: series labelled with
+/// another `engine` are skipped (vLLM labels each engine's series by its
+/// index); series without the label count for every rank.
+pub(crate) fn parse_rank_metrics(text: &str, rank: Option<u32>) -> Result<EngineScrape, String> {
     let mut out = EngineScrape::default();
     let mut seen_load = false;
     let (mut usage_sum, mut usage_n) = (0.0, 0u32);
     let mut timing = TimingSeries::default();
-    for s in text.lines().filter_map(parse_sample) {
+    let rank = rank.map(|r| r.to_string());
+    let mine = |s: &Sample<'_>| match (&rank, s.labels.get("engine")) {
+        (Some(want), Some(engine)) => engine == want,
+        _ => true,
+    };
+    for s in text.lines().filter_map(parse_sample).filter(mine) {
         let v = s.value;
         if !v.is_finite() || v < 0.0 {
             continue;
@@ -237,6 +250,15 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 5.0
 vllm:time_to_first_token_seconds_count{model_name="m"} 5.0
 vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5
 "#;
+
+    #[test]
+    fn a_rank_reads_its_own_engine_only() {
+        let one = parse_rank_metrics(VLLM, Some(1)).unwrap();
+        assert_eq!((one.running, one.kv_usage), (2, 0.75));
+        let zero = parse_rank_metrics(VLLM, Some(0)).unwrap();
+        assert_eq!((zero.running, zero.waiting, zero.kv_usage), (3, 4, 0.25));
+        assert!(parse_rank_metrics(VLLM, Some(7)).is_err(), "no series for engine 7");
+    }
 
     #[test]
     fn reads_vllm_names_across_engines() {

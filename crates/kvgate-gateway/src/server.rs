@@ -296,7 +296,8 @@ impl Gateway {
         });
         for r in shared.config.replicas.clone() {
             let name = r.display_name().to_owned();
-            registry::add(&shared, r).map_err(|reason| StartError::Replica { name, reason })?;
+            registry::add_ranks(&shared, r)
+                .map_err(|reason| StartError::Replica { name, reason })?;
         }
         let local = |l: &TcpListener| {
             l.local_addr().map_err(|source| StartError::Bind { addr: shared.config.listen, source })

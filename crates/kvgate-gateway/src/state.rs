@@ -51,6 +51,9 @@ pub(crate) struct ReplicaStatus {
     pub(crate) view_synced: bool,
     /// That sync reached back to the engine's first batch.
     pub(crate) view_complete: bool,
+    /// LoRA adapters the engine lists in `/v1/models` (cards with a
+    /// `parent`), refreshed every [`crate::monitor::ADAPTER_REFRESH`].
+    pub(crate) adapters: Vec<String>,
 }
 
 impl ReplicaStatus {
@@ -154,6 +157,25 @@ impl Shared {
 
     pub(crate) fn replica(&self, id: ReplicaId) -> Option<Arc<Replica>> {
         read(&self.replicas).iter().find(|r| r.id == id).cloned()
+    }
+
+    /// Every LoRA adapter served: the configured ones, then those the
+    /// engines list, each once.
+    pub(crate) fn adapters(&self) -> Vec<String> {
+        let mut all = self.config.model.lora_adapters.clone();
+        for r in read(&self.replicas).iter() {
+            for a in &lock(&r.status).adapters {
+                if !all.contains(a) {
+                    all.push(a.clone());
+                }
+            }
+        }
+        all
+    }
+
+    /// Whether some replica's engine lists `model` as a LoRA adapter.
+    pub(crate) fn engine_serves_adapter(&self, model: &str) -> bool {
+        read(&self.replicas).iter().any(|r| lock(&r.status).adapters.iter().any(|a| a == model))
     }
 
     pub(crate) fn replica_by_name(&self, name: &str) -> Option<Arc<Replica>> {

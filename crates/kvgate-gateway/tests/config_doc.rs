@@ -66,6 +66,7 @@ fn replica_everything_set() -> ReplicaConfig {
         events: Some("tcp://h:5557".into()),
         replay: Some("tcp://h:5558".into()),
         api_key: Some("engine-key-1".into()),
+        dp_rank: Some(1),
         ..ReplicaConfig::new("http://x")
     }
 }

@@ -232,7 +232,7 @@ fn apply_placeholder(
     let hash = EngineHash::new(engine);
     let key = match replica.entries.get(&hash) {
         Some(entry) => entry.key(),
-        None => match replica.recent.get(hash, now) {
+        None => match replica.recent.get(engine, now) {
             Some(key) => key,
             None => {
                 outcome.anomalies.unknown_placeholder += 1;
@@ -249,7 +249,7 @@ fn apply_placeholder(
 fn resolve(replica: &mut Replica, hash: EngineHash, now: Instant) -> Option<BlockKey> {
     match replica.entries.get(&hash) {
         Some(entry) => Some(entry.key()),
-        None => replica.recent.get(hash, now),
+        None => replica.recent.get(hash.as_u64(), now),
     }
 }
 
@@ -294,7 +294,7 @@ fn apply_removed(
                 entry.set_tiers(tiers);
                 if tiers == 0 {
                     replica.entries.remove(&engine);
-                    replica.recent.remember(engine, key, now);
+                    replica.recent.remember(engine.as_u64(), key, now);
                 }
                 lose_tier(holders, &mut replica.extra_holds, key, slot, tier);
                 replica.counts[tier as usize] -= 1;

@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use rustc_hash::FxHashMap;
 
 use crate::keys::BlockKey;
-use crate::replica::EngineHash;
 use crate::stats::map_bytes;
 
 /// Most removed hashes one replica remembers.
@@ -29,7 +28,7 @@ pub const RECENT_CAPACITY: usize = 4096;
 /// How long a removed hash stays resolvable.
 pub const RECENT_TTL: Duration = Duration::from_secs(10);
 
-/// Removed engine hashes with their keys, oldest first.
+/// Removed engine hashes (folded to `u64`) with their keys, oldest first.
 ///
 /// A hash removed twice keeps only its newest position: the older queue
 /// entry stays behind, stale, and is recognised by its generation when it
@@ -46,22 +45,22 @@ pub(crate) struct RecentlyRemoved {
 
 impl RecentlyRemoved {
     /// Remembers that `hash` (content `key`) left the replica at `now`.
-    pub(crate) fn remember(&mut self, hash: EngineHash, key: BlockKey, now: Instant) {
+    pub(crate) fn remember(&mut self, hash: u64, key: BlockKey, now: Instant) {
         self.expire(now);
         while self.order.len() >= RECENT_CAPACITY {
             self.pop_oldest();
         }
         let generation = self.next_generation;
         self.next_generation += 1;
-        self.keys.insert(hash.as_u64(), (key, generation));
-        self.order.push_back((hash.as_u64(), now, generation));
+        self.keys.insert(hash, (key, generation));
+        self.order.push_back((hash, now, generation));
     }
 
     /// The key of `hash` if it was removed within the TTL. The entry stays:
     /// several tiers may resolve the same removed hash.
-    pub(crate) fn get(&mut self, hash: EngineHash, now: Instant) -> Option<BlockKey> {
+    pub(crate) fn get(&mut self, hash: u64, now: Instant) -> Option<BlockKey> {
         self.expire(now);
-        self.keys.get(&hash.as_u64()).map(|(key, _)| *key)
+        self.keys.get(&hash).map(|(key, _)| *key)
     }
 
     /// Heap bytes held (queue plus map, by capacity).
@@ -101,11 +100,11 @@ mod tests {
     fn a_removed_hash_resolves_until_its_ttl() {
         let mut recent = RecentlyRemoved::default();
         let t0 = Instant::now();
-        recent.remember(EngineHash::new(7), BlockKey(70), t0);
-        assert_eq!(recent.get(EngineHash::new(7), t0 + RECENT_TTL), Some(BlockKey(70)));
-        assert_eq!(recent.get(EngineHash::new(8), t0), None);
+        recent.remember(7, BlockKey(70), t0);
+        assert_eq!(recent.get(7, t0 + RECENT_TTL), Some(BlockKey(70)));
+        assert_eq!(recent.get(8, t0), None);
         let late = t0 + RECENT_TTL + Duration::from_millis(1);
-        assert_eq!(recent.get(EngineHash::new(7), late), None);
+        assert_eq!(recent.get(7, late), None);
         assert_eq!(recent.len(), 0);
     }
 
@@ -114,22 +113,22 @@ mod tests {
         let mut recent = RecentlyRemoved::default();
         let now = Instant::now();
         for h in 0..RECENT_CAPACITY as u64 + 10 {
-            recent.remember(EngineHash::new(h), BlockKey(h), now);
+            recent.remember(h, BlockKey(h), now);
         }
         assert_eq!(recent.len(), RECENT_CAPACITY);
-        assert_eq!(recent.get(EngineHash::new(9), now), None);
-        assert_eq!(recent.get(EngineHash::new(10), now), Some(BlockKey(10)));
+        assert_eq!(recent.get(9, now), None);
+        assert_eq!(recent.get(10, now), Some(BlockKey(10)));
     }
 
     #[test]
     fn removing_again_refreshes_one_entry() {
         let mut recent = RecentlyRemoved::default();
         let t0 = Instant::now();
-        recent.remember(EngineHash::new(1), BlockKey(1), t0);
-        recent.remember(EngineHash::new(1), BlockKey(2), t0 + Duration::from_secs(8));
+        recent.remember(1, BlockKey(1), t0);
+        recent.remember(1, BlockKey(2), t0 + Duration::from_secs(8));
         // The first removal's queue entry expires without taking the second.
-        assert_eq!(recent.get(EngineHash::new(1), t0 + Duration::from_secs(15)), Some(BlockKey(2)));
+        assert_eq!(recent.get(1, t0 + Duration::from_secs(15)), Some(BlockKey(2)));
         assert_eq!(recent.len(), 1);
-        assert_eq!(recent.get(EngineHash::new(1), t0 + Duration::from_secs(19)), None);
+        assert_eq!(recent.get(1, t0 + Duration::from_secs(19)), None);
     }
 }

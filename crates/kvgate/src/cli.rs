@@ -144,6 +144,13 @@ pub(crate) struct SimArgs {
     /// its blocks under the adapter, and events carry `lora_name`.
     #[arg(long = "lora-adapter", value_name = "NAME")]
     pub(crate) lora_adapters: Vec<String>,
+    /// vLLM's `--data-parallel-size`: this many engines behind each
+    /// replica's one HTTP port, each with its own cache and event stream on
+    /// the `--events` (and `--replay`) port plus its rank.
+    /// `X-data-parallel-rank: r` pins a request to rank r; without it
+    /// requests rotate over the ranks.
+    #[arg(long, default_value_t = 1, value_name = "K")]
+    pub(crate) data_parallel_size: u32,
     /// KV-event PUB endpoint of the first replica, e.g. `tcp://*:5557`
     /// (bound, by vLLM's rule) or `tcp://HOST:PORT` (connected).
     #[arg(long)]

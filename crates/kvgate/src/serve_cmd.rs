@@ -110,6 +110,7 @@ async fn embedded_fleet(c: &GatewayConfig) -> anyhow::Result<(Vec<Replica>, Vec<
             },
             model: c.model.served_name.clone(),
             lora_adapters: c.model.lora_adapters.clone(),
+            data_parallel_size: 1,
             speedup: s.speedup,
             api_key: None,
             events: Some(events),

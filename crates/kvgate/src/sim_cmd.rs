@@ -73,9 +73,14 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
         };
         let events = match &args.events {
             Some(ep) => {
-                let mut pc = PublisherConfig::new(offset_endpoint(ep, i)?);
+                // Each replica's ranks take the next `data_parallel_size`
+                // ports (rank r of replica i: port + i*k + r).
+                let ranks =
+                    u16::try_from(args.data_parallel_size).context("--data-parallel-size")?;
+                let first = i.checked_mul(ranks).context("port overflow")?;
+                let mut pc = PublisherConfig::new(offset_endpoint(ep, first)?);
                 pc.replay_endpoint =
-                    args.replay.as_deref().map(|r| offset_endpoint(r, i)).transpose()?;
+                    args.replay.as_deref().map(|r| offset_endpoint(r, first)).transpose()?;
                 pc.topic = args.topic.clone();
                 pc.buffer_steps = args.buffer_steps;
                 pc.layout = layout;
@@ -92,6 +97,7 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
             engine,
             model: args.model.clone(),
             lora_adapters: args.lora_adapters.clone(),
+            data_parallel_size: args.data_parallel_size,
             speedup: args.speedup,
             api_key: args.api_key.clone(),
             events,

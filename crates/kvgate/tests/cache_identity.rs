@@ -140,3 +140,34 @@ async fn a_salt_vllm_would_refuse_is_refused_with_its_words() {
     let models = get_json(&format!("{}/v1/models", serve.base)).await;
     assert_eq!(models["data"].as_array().unwrap().len(), 1, "{models}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_the_engine_lists_is_served_and_keyed_without_config() {
+    let sim = spawn_sim(None, true, &["--lora-adapter", "ad2", "--speedup", "50"]);
+    let serve = spawn_serve(&[&sim], &[]);
+    wait_ready(&serve.base).await;
+    // kvgate reads the engine's /v1/models (cards with a parent) after its
+    // first good probe.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let models = get_json(&format!("{}/v1/models", serve.base)).await;
+        let listed = models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "ad2" && m["parent"] == "Qwen/Qwen3-0.6B");
+        if listed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "ad2 never listed: {models}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let base = ask(&serve, "Qwen/Qwen3-0.6B", None).await;
+    assert_eq!((base.engine_cached, base.predicted), (0, 0));
+    synced(&serve, 40).await;
+    let lora = ask(&serve, "ad2", None).await;
+    assert_eq!((lora.engine_cached, lora.predicted), (0, 0), "ad2 matched base-model blocks");
+    synced(&serve, 80).await;
+    let again = ask(&serve, "ad2", None).await;
+    assert!(again.engine_cached >= 39 * BLOCK && again.predicted >= 39);
+}

@@ -53,7 +53,7 @@ impl Rig {
     }
 
     fn text(&self) -> String {
-        self.metrics.render("m", self.engine.config())
+        self.metrics.render("m", self.engine.config(), 0)
     }
 }
 

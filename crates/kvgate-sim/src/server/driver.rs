@@ -65,8 +65,10 @@ pub(crate) async fn run(
     mut rx: mpsc::UnboundedReceiver<Command>,
     speedup: f64,
     publisher: Option<Arc<Publisher>>,
+    dp_rank: Option<u32>,
     metrics: Arc<Metrics>,
 ) {
+    let publisher = publisher.map(|p| RankPublisher { publisher: p, dp_rank });
     let start = Instant::now();
     let virtual_now = |start: Instant| start.elapsed().mul_f64(speedup);
     let mut reqs = Requests { live: FxHashMap::default(), stats: Tracker::with_speedup(speedup) };
@@ -131,7 +133,7 @@ fn handle(
     reqs: &mut Requests,
     cmd: Command,
     now: Duration,
-    publisher: &Option<Arc<Publisher>>,
+    publisher: &Option<RankPublisher>,
     metrics: &Metrics,
 ) {
     match cmd {
@@ -172,11 +174,17 @@ fn handle(
     }
 }
 
-fn publish(publisher: &Option<Arc<Publisher>>, events: Vec<kvgate_events::Event>) {
-    let Some(publisher) = publisher else { return };
+/// A rank's publisher and the rank its batches carry.
+struct RankPublisher {
+    publisher: Arc<Publisher>,
+    dp_rank: Option<u32>,
+}
+
+fn publish(publisher: &Option<RankPublisher>, events: Vec<kvgate_events::Event>) {
+    let Some(p) = publisher else { return };
     if events.is_empty() {
         return;
     }
     let ts = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    publisher.publish(&Batch { ts, events, dp_rank: None, skipped_events: 0 });
+    p.publisher.publish(&Batch { ts, events, dp_rank: p.dp_rank, skipped_events: 0 });
 }

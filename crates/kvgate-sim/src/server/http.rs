@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvgate_events::publisher::drop_decision;
@@ -83,7 +83,13 @@ pub(super) async fn models(State(state): State<Shared>) -> Json<Value> {
 }
 
 pub(super) async fn metrics(State(state): State<Shared>) -> Response {
-    let text = state.metrics.render(&state.config.model, &state.config.engine);
+    // One block of series per data-parallel engine, labelled engine="r".
+    let text: String = state
+        .rank_metrics
+        .iter()
+        .enumerate()
+        .map(|(rank, m)| m.render(&state.config.model, &state.config.engine, rank))
+        .collect();
     (
         [(
             header::CONTENT_TYPE,
@@ -98,13 +104,19 @@ pub(super) async fn metrics(State(state): State<Shared>) -> Response {
 /// per tier, as its KV events name them (ints, or 32 bytes in hex), so that
 /// tests can compare a router's event-fed view with the truth.
 pub(super) async fn kv_blocks(State(state): State<Shared>) -> Response {
-    let (tx, rx) = oneshot::channel();
-    if state.commands.send(Command::CachedBlocks(tx)).is_err() {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+    // Every rank's blocks (a test of one rank's view filters by its events).
+    let (mut gpu, mut cpu) = (Vec::new(), Vec::new());
+    for rank in &state.ranks {
+        let (tx, rx) = oneshot::channel();
+        if rank.send(Command::CachedBlocks(tx)).is_err() {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+        }
+        let Ok((g, c)) = rx.await else {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+        };
+        gpu.extend(g);
+        cpu.extend(c);
     }
-    let Ok((gpu, cpu)) = rx.await else {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
-    };
     let wire = |hashes: Vec<BlockHash>| -> Vec<Value> {
         hashes
             .into_iter()
@@ -125,12 +137,16 @@ pub(super) async fn kv_blocks(State(state): State<Shared>) -> Response {
 }
 
 pub(super) async fn reset_prefix_cache(State(state): State<Shared>) -> Response {
-    let (tx, rx) = oneshot::channel();
-    if state.commands.send(Command::ResetPrefixCache(tx)).is_err() {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+    let mut all = true;
+    for rank in &state.ranks {
+        let (tx, rx) = oneshot::channel();
+        if rank.send(Command::ResetPrefixCache(tx)).is_err() {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+        }
+        all &= rx.await.unwrap_or(false);
     }
-    match rx.await {
-        Ok(true) => StatusCode::OK.into_response(),
+    match Some(all) {
+        Some(true) => StatusCode::OK.into_response(),
         _ => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "failed to reset the prefix cache: requests are running",
@@ -161,6 +177,8 @@ pub(super) struct Sampling {
     pub(super) min_tokens: u32,
     pub(super) ignore_eos: bool,
     pub(super) identity: CacheIdentity,
+    /// `X-data-parallel-rank`, if the request named one.
+    pub(super) dp_rank: Option<u32>,
 }
 
 impl Sampling {
@@ -168,9 +186,11 @@ impl Sampling {
     pub(super) fn keyed(
         mut self,
         state: &AppState,
+        headers: &HeaderMap,
         model: Option<&str>,
         cache_salt: Option<&Value>,
     ) -> Sampling {
+        self.dp_rank = requested_rank(headers);
         self.identity = CacheIdentity {
             lora_name: model
                 .filter(|m| state.config.lora_adapters.iter().any(|a| a == m))
@@ -189,6 +209,7 @@ pub(super) fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option
         min_tokens: extra.get("min_tokens").and_then(Value::as_u64).unwrap_or(0) as u32,
         ignore_eos: extra.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false),
         identity: CacheIdentity::default(),
+        dp_rank: None,
     }
 }
 
@@ -205,7 +226,7 @@ pub(super) fn parse_chat(
     Ok((value, request))
 }
 
-pub(super) async fn chat(State(state): State<Shared>, body: Bytes) -> Response {
+pub(super) async fn chat(State(state): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     let (value, request) = match parse_chat(&state, &body) {
         Ok(r) => r,
         Err(e) => return e.into_response(),
@@ -221,6 +242,7 @@ pub(super) async fn chat(State(state): State<Shared>, body: Bytes) -> Response {
     };
     let s = sampling(&state, &request.extra, request.max_output_tokens()).keyed(
         &state,
+        &headers,
         request.model(),
         request.extra.get("cache_salt"),
     );
@@ -246,7 +268,11 @@ pub(super) async fn chat_prompt(
     Ok((ids, true))
 }
 
-pub(super) async fn completions(State(state): State<Shared>, body: Bytes) -> Response {
+pub(super) async fn completions(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let request = match CompletionRequest::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return bad(format!("invalid completion request: {e}")),
@@ -272,15 +298,16 @@ pub(super) async fn completions(State(state): State<Shared>, body: Bytes) -> Res
                     Err(e) => return bad(e.to_string()),
                 }
             }
-            return completions_batch(state, &request, all).await;
+            return completions_batch(state, &headers, &request, all).await;
         }
         Some(Prompt::TokenBatches(b)) => {
-            return completions_batch(state, &request, b.clone()).await
+            return completions_batch(state, &headers, &request, b.clone()).await
         }
         None => return bad("`prompt` is required"),
     };
     let s = sampling(&state, &request.extra, request.max_output_tokens()).keyed(
         &state,
+        &headers,
         request.model(),
         request.extra.get("cache_salt"),
     );
@@ -292,6 +319,7 @@ pub(super) async fn completions(State(state): State<Shared>, body: Bytes) -> Res
 /// and summed usage. Streaming batches are not simulated.
 async fn completions_batch(
     state: Shared,
+    headers: &HeaderMap,
     request: &CompletionRequest,
     prompts: Vec<Vec<u32>>,
 ) -> Response {
@@ -303,6 +331,7 @@ async fn completions_batch(
     }
     let s = sampling(&state, &request.extra, request.max_output_tokens()).keyed(
         &state,
+        headers,
         request.model(),
         request.extra.get("cache_salt"),
     );
@@ -344,7 +373,11 @@ async fn completions_batch(
 
 /// `POST /inference/v1/generate`: `{"token_ids": [...], "sampling_params":
 /// {...}, "stream": bool}`; answers token ids, never text. No tokenization.
-pub(super) async fn generate_tokens(State(state): State<Shared>, body: Bytes) -> Response {
+pub(super) async fn generate_tokens(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let value = match parse_json(&body) {
         Ok(v) => v,
         Err(r) => return r.into_response(),
@@ -361,6 +394,7 @@ pub(super) async fn generate_tokens(State(state): State<Shared>, body: Bytes) ->
     let params = value.get("sampling_params").and_then(Value::as_object).unwrap_or(&empty);
     let s = sampling(&state, params, params.get("max_tokens").and_then(Value::as_u64)).keyed(
         &state,
+        &headers,
         value.get("model").and_then(Value::as_str),
         value.get("cache_salt"),
     );
@@ -409,6 +443,7 @@ fn usage(prompt: usize, completion: u64, cached: u32) -> Value {
 /// client goes away mid-request.
 struct AbortGuard {
     state: Shared,
+    rank: usize,
     id: RequestId,
     done: bool,
 }
@@ -416,9 +451,15 @@ struct AbortGuard {
 impl Drop for AbortGuard {
     fn drop(&mut self) {
         if !self.done {
-            let _ = self.state.commands.send(Command::Abort(self.id));
+            let _ = self.state.ranks[self.rank].send(Command::Abort(self.id));
         }
     }
+}
+
+/// The data-parallel rank a request asked for with `X-data-parallel-rank`
+/// (vLLM reads it as an int and ignores anything else).
+pub(super) fn requested_rank(headers: &HeaderMap) -> Option<u32> {
+    headers.get("x-data-parallel-rank")?.to_str().ok()?.trim().parse().ok()
 }
 
 async fn generate(
@@ -438,6 +479,14 @@ async fn generate(
         )
             .into_response();
     }
+    let size = state.ranks.len();
+    let rank = match s.dp_rank {
+        None => (id % size as u64) as usize,
+        Some(r) if (r as usize) < size => r as usize,
+        Some(r) => {
+            return bad(format!("data parallel rank {r} is out of range (size {size})"));
+        }
+    };
     let stall_after = faults.stall_after_tokens.map_or(u64::MAX, u64::from);
     let prompt_len = prompt.len();
     let (tok_tx, mut tok_rx) = mpsc::unbounded_channel();
@@ -452,7 +501,7 @@ async fn generate(
         tokens: tok_tx,
         accepted: acc_tx,
     };
-    if state.commands.send(Command::Add(req)).is_err() {
+    if state.ranks[rank].send(Command::Add(req)).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
     }
     match acc_rx.await {
@@ -460,7 +509,7 @@ async fn generate(
         Ok(Err(e)) => return bad(e.to_string()),
         Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped"),
     }
-    let mut guard = AbortGuard { state: Arc::clone(&state), id, done: false };
+    let mut guard = AbortGuard { state: Arc::clone(&state), rank, id, done: false };
     let (prefix, object, chunk_object) = match kind {
         Kind::Chat => ("chatcmpl", "chat.completion", "chat.completion.chunk"),
         Kind::Completion => ("cmpl", "text_completion", "text_completion"),
@@ -496,7 +545,7 @@ async fn generate(
         let choice = match kind {
             Kind::Chat => json!({
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "reasoning_content": null, "tool_calls": []},
+                "message": {"role": "assistant", "content": text, "reasoning": null, "tool_calls": []},
                 "logprobs": null,
                 "finish_reason": finish_str(finish),
                 "stop_reason": null,

@@ -83,9 +83,10 @@ impl Metrics {
     }
 
     /// The exposition text.
-    pub fn render(&self, model: &str, config: &EngineConfig) -> String {
+    /// `engine` is the data-parallel rank (vLLM's `engine` label).
+    pub fn render(&self, model: &str, config: &EngineConfig, engine: usize) -> String {
         let s = self.stats();
-        let labels = format!("engine=\"0\",model_name=\"{}\"", escape(model));
+        let labels = format!("engine=\"{engine}\",model_name=\"{}\"", escape(model));
         let mut out = String::with_capacity(4096);
         let mut metric = |name: &str, kind: &str, help: &str, sample: &str, value: String| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
@@ -169,8 +170,8 @@ impl Metrics {
             out,
             "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
              # TYPE vllm:cache_config_info gauge\n\
-             vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",num_cpu_blocks=\"{}\",num_gpu_blocks=\"{}\"}} 1.0",
-            config.block_size, config.num_cpu_blocks, config.num_gpu_blocks
+             vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"{}\",num_cpu_blocks=\"{}\",num_gpu_blocks=\"{}\"}} 1.0",
+            config.block_size, engine, config.num_cpu_blocks, config.num_gpu_blocks
         );
         lock(&self.observed).render(&mut out, &labels);
         out

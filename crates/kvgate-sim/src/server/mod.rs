@@ -47,6 +47,11 @@ pub struct ServerConfig {
     pub default_max_tokens: u32,
     /// Injected faults, for tests of the router's failure handling.
     pub faults: Faults,
+    /// vLLM's `--data-parallel-size`: this many engines behind the one HTTP
+    /// server, each with its own cache and its own event stream on the
+    /// event (and replay) port plus its rank. `X-data-parallel-rank` pins a
+    /// request to a rank; without it requests rotate over the ranks.
+    pub data_parallel_size: u32,
 }
 
 /// Faults a replica injects on purpose.
@@ -76,6 +81,7 @@ impl Default for ServerConfig {
             events: None,
             default_max_tokens: 16,
             faults: Faults::default(),
+            data_parallel_size: 1,
         }
     }
 }
@@ -98,13 +104,23 @@ pub enum ServerError {
     /// `fail_rate` must be within `[0, 1]`.
     #[error("fail rate must be within 0..=1, got {0}")]
     FailRate(f64),
+    /// `data_parallel_size` must be within `1..=64`.
+    #[error("data parallel size must be within 1..=64, got {0}")]
+    DataParallelSize(u32),
+    /// A rank's event port would pass 65535.
+    #[error("kv events endpoint {0:?}: the port plus the data-parallel rank is past 65535")]
+    RankPort(String),
 }
 
 /// State shared by the HTTP handlers of one replica.
 #[derive(Debug)]
 pub(crate) struct AppState {
     pub(crate) config: ServerConfig,
-    pub(crate) commands: mpsc::UnboundedSender<driver::Command>,
+    /// The driver of each data-parallel rank.
+    pub(crate) ranks: Vec<mpsc::UnboundedSender<driver::Command>>,
+    /// Each rank's counters (`engine="r"` on `/metrics`).
+    pub(crate) rank_metrics: Vec<Arc<Metrics>>,
+    /// Rank 0's: what the HTTP layer counts itself (tokenizations).
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) tokenizer: Arc<TokenizeService>,
     pub(crate) next_id: AtomicU64,
@@ -117,6 +133,7 @@ pub(crate) struct AppState {
 pub struct Replica {
     http_addr: SocketAddr,
     events: Option<LocalEndpoints>,
+    rank_events: Vec<LocalEndpoints>,
     metrics: Arc<Metrics>,
     publisher: Option<Arc<Publisher>>,
     shutdown: watch::Sender<bool>,
@@ -135,9 +152,14 @@ impl Replica {
         format!("http://{}", self.http_addr)
     }
 
-    /// The KV-event endpoints as bound (port 0 resolved).
+    /// The KV-event endpoints as bound (port 0 resolved); rank 0's.
     pub fn events(&self) -> Option<&LocalEndpoints> {
         self.events.as_ref()
+    }
+
+    /// Every data-parallel rank's event endpoints, by rank.
+    pub fn rank_events(&self) -> &[LocalEndpoints] {
+        &self.rank_events
     }
 
     /// The replica's counters.
@@ -186,20 +208,47 @@ pub async fn start(
     if !(0.0..=1.0).contains(&config.faults.fail_rate) {
         return Err(ServerError::FailRate(config.faults.fail_rate));
     }
-    let engine = Engine::new(config.engine.clone())?;
-    let publisher = match &config.events {
-        Some(pc) => Some(Arc::new(Publisher::start(pc.clone()).await?)),
-        None => None,
-    };
-    let events = publisher.as_ref().map(|p| p.local_endpoints().clone());
-    let metrics = Arc::new(Metrics::new(config.engine.max_model_len()));
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(driver::run(engine, rx, config.speedup, publisher.clone(), Arc::clone(&metrics)));
+    let size = config.data_parallel_size;
+    if !(1..=64).contains(&size) {
+        return Err(ServerError::DataParallelSize(size));
+    }
+    let (mut ranks, mut rank_metrics, mut rank_events, mut publishers) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for rank in 0..size {
+        let engine = Engine::new(config.engine.clone())?;
+        let publisher = match &config.events {
+            Some(pc) => Some(Arc::new(Publisher::start(rank_publisher(pc, rank)?).await?)),
+            None => None,
+        };
+        if let Some(p) = &publisher {
+            rank_events.push(p.local_endpoints().clone());
+        }
+        let metrics = Arc::new(Metrics::new(config.engine.max_model_len()));
+        let (tx, rx) = mpsc::unbounded_channel();
+        // vLLM stamps a DP engine's batches with its rank.
+        let dp_rank = (size > 1).then_some(rank);
+        let driver = driver::run(
+            engine,
+            rx,
+            config.speedup,
+            publisher.clone(),
+            dp_rank,
+            Arc::clone(&metrics),
+        );
+        tokio::spawn(driver);
+        ranks.push(tx);
+        rank_metrics.push(metrics);
+        publishers.push(publisher);
+    }
+    let publisher = publishers.swap_remove(0);
+    let metrics = Arc::clone(&rank_metrics[0]);
+    let events = rank_events.first().cloned();
     let http_addr = listener.local_addr()?;
     let (exit_tx, exit) = watch::channel(false);
     let state = Arc::new(AppState {
         config,
-        commands: tx,
+        ranks,
+        rank_metrics,
         metrics: Arc::clone(&metrics),
         tokenizer,
         next_id: AtomicU64::new(1),
@@ -220,5 +269,24 @@ pub async fn start(
             })
             .await
     });
-    Ok(Replica { http_addr, events, metrics, publisher, shutdown, exit, http })
+    Ok(Replica { http_addr, events, rank_events, metrics, publisher, shutdown, exit, http })
+}
+
+/// Rank `rank`'s publisher: vLLM's `offset_endpoint_port`, the TCP port of
+/// the endpoint and of the replay endpoint plus the rank (a port of 0 stays
+/// 0: the OS picks).
+fn rank_publisher(pc: &PublisherConfig, rank: u32) -> Result<PublisherConfig, ServerError> {
+    let offset = |endpoint: &str| -> Result<String, ServerError> {
+        let Some((host, port)) = endpoint.rsplit_once(':') else { return Ok(endpoint.to_owned()) };
+        match port.parse::<u32>() {
+            Ok(0) | Err(_) => Ok(endpoint.to_owned()),
+            Ok(p) => u16::try_from(p + rank)
+                .map(|p| format!("{host}:{p}"))
+                .map_err(|_| ServerError::RankPort(endpoint.to_owned())),
+        }
+    };
+    let mut out = pc.clone();
+    out.endpoint = offset(&pc.endpoint)?;
+    out.replay_endpoint = pc.replay_endpoint.as_deref().map(offset).transpose()?;
+    Ok(out)
 }
