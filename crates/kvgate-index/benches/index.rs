@@ -7,6 +7,9 @@
 //!   holding 1M (block, replica) pairs with shared prefixes of varying depth.
 //!   Target: p99 at most 20 µs (criterion reports the mean; the `latency`
 //!   example reports percentiles).
+//! - `request_keys`: the query keys of a 256-block prompt (16 tokens per
+//!   block), plain, with a `cache_salt`, and with a LoRA adapter and a salt:
+//!   what vLLM 0.33's extra keys cost the request path.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -18,7 +21,7 @@ use std::time::Instant;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use kvgate_events::Event;
-use kvgate_index::{Index, PrefixMatch, ReplicaSpec};
+use kvgate_index::{request_block_keys, Index, PrefixMatch, ReplicaSpec};
 
 const REPLICAS: usize = 64;
 
@@ -102,5 +105,22 @@ fn find_matches(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, ingest, find_matches);
+fn request_keys(c: &mut Criterion) {
+    let tokens: Vec<u32> =
+        (0..256 * 16).map(|t: u32| t.wrapping_mul(2_654_435_761) % 151_000).collect();
+    let mut group = c.benchmark_group("request_keys");
+    group.throughput(Throughput::Elements(256));
+    for (name, lora, salt) in [
+        ("plain_256_blocks", None, None),
+        ("salted_256_blocks", None, Some("tenant-42")),
+        ("lora_and_salt_256_blocks", Some("adapter-a"), Some("tenant-42")),
+    ] {
+        group.bench_function(name, |b| {
+            b.iter(|| black_box(request_block_keys(black_box(&tokens), 16, lora, salt)));
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, ingest, find_matches, request_keys);
 criterion_main!(benches);

@@ -36,6 +36,10 @@ pub struct EngineConfig {
     /// Fill CPU-tier `BlockStored` events with tokens, parent and block size
     /// instead of vLLM's placeholder form.
     pub self_describing_cpu_events: bool,
+    /// Offload to the CPU tier in chunks of this many blocks, as a request
+    /// computes them, the way vLLM 0.33's offloading connector does (and
+    /// evict whole chunks); 0 offloads block by block on GPU eviction.
+    pub cpu_chunk_blocks: u32,
     /// Chance per output token past `min_tokens` that the filler model emits
     /// EOS (only when the request does not `ignore_eos`). 0 disables EOS.
     pub eos_probability: f64,
@@ -56,6 +60,7 @@ impl Default for EngineConfig {
             timing: TimingModel::default(),
             cpu_load_ms_per_block: 0.05,
             self_describing_cpu_events: false,
+            cpu_chunk_blocks: 0,
             eos_probability: 0.0,
             eos_token_id: 151_645,
         }
@@ -77,6 +82,12 @@ impl EngineConfig {
         }
         if self.num_cpu_blocks > MAX_BLOCKS {
             return bad("num_cpu_blocks must be at most 16777216");
+        }
+        if self.cpu_chunk_blocks > 0 && self.num_cpu_blocks < self.cpu_chunk_blocks {
+            return bad("cpu_chunk_blocks needs num_cpu_blocks of at least one chunk");
+        }
+        if self.cpu_chunk_blocks > 4096 {
+            return bad("cpu_chunk_blocks must be at most 4096");
         }
         if self.max_num_seqs == 0 {
             return bad("max_num_seqs must be at least 1");

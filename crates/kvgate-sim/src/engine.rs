@@ -34,6 +34,7 @@ use std::time::Duration;
 use kvgate_events::{BlockHash, BlockRemoved, BlockStored, Event, Medium};
 use rustc_hash::FxHashMap;
 
+use crate::chunks::{Chunk, CpuChunks};
 use crate::config::EngineConfig;
 use crate::error::SimError;
 use crate::hash::{BlockHasher, CacheIdentity, Hash32};
@@ -148,6 +149,8 @@ struct Request {
     blocks: Vec<u32>,
     num_computed: usize,
     num_cached_blocks: usize,
+    /// Chunks of it stored on the chunked CPU tier, from the start.
+    offloaded_chunks: usize,
     num_output: u32,
     max_tokens: u32,
     min_tokens: u32,
@@ -166,6 +169,8 @@ pub struct Engine {
     hasher: BlockHasher,
     gpu: GpuPool,
     cpu: Option<CpuTier>,
+    /// The CPU tier in chunks (`cpu_chunk_blocks`), instead of `cpu`.
+    chunks: Option<CpuChunks>,
     requests: FxHashMap<RequestId, Request>,
     running: Vec<RequestId>,
     waiting: VecDeque<RequestId>,
@@ -184,16 +189,22 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Result<Engine, SimError> {
         config.validate()?;
         let block_size = config.block_size as usize;
-        let cpu = (config.num_cpu_blocks > 0).then(|| CpuTier::new(config.num_cpu_blocks as usize));
+        let chunked = config.num_cpu_blocks > 0 && config.cpu_chunk_blocks > 0;
+        let cpu = (config.num_cpu_blocks > 0 && !chunked)
+            .then(|| CpuTier::new(config.num_cpu_blocks as usize));
+        let chunks = chunked.then(|| {
+            CpuChunks::new(config.num_cpu_blocks as usize, config.cpu_chunk_blocks as usize)
+        });
         Ok(Engine {
             block_size,
             hasher: BlockHasher::new(config.hash_seed, config.hash_bytes),
             gpu: GpuPool::new(
                 config.num_gpu_blocks as usize,
                 block_size,
-                config.self_describing_cpu_events && config.num_cpu_blocks > 0,
+                config.self_describing_cpu_events && cpu.is_some(),
             ),
             cpu,
+            chunks,
             requests: FxHashMap::default(),
             running: Vec::new(),
             waiting: VecDeque::new(),
@@ -247,6 +258,7 @@ impl Engine {
                 blocks: Vec::new(),
                 num_computed: 0,
                 num_cached_blocks: 0,
+                offloaded_chunks: 0,
                 num_output: 0,
                 max_tokens,
                 min_tokens: min_tokens.min(max_tokens),
@@ -306,8 +318,12 @@ impl Engine {
         if let Some(cpu) = &mut self.cpu {
             cpu.clear();
         }
+        if let Some(chunks) = &mut self.chunks {
+            chunks.clear();
+        }
         for r in self.requests.values_mut() {
             r.num_cached_blocks = 0;
+            r.offloaded_chunks = 0;
         }
         self.pending_events.push(Event::AllCleared);
         true
@@ -320,7 +336,8 @@ impl Engine {
         s.waiting = self.waiting.len();
         s.kv_usage = self.gpu.num_used() as f64 / self.gpu.num_blocks() as f64;
         s.gpu_cached_blocks = self.gpu.num_cached();
-        s.cpu_cached_blocks = self.cpu.as_ref().map_or(0, CpuTier::len);
+        s.cpu_cached_blocks = self.cpu.as_ref().map_or(0, CpuTier::len)
+            + self.chunks.as_ref().map_or(0, CpuChunks::len);
         s
     }
 
@@ -331,7 +348,9 @@ impl Engine {
 
     /// The CPU-tier block hashes, in published form.
     pub fn cpu_cached_hashes(&self) -> Vec<BlockHash> {
-        self.cpu.iter().flat_map(|c| c.hashes()).map(|h| self.hasher.publish(h)).collect()
+        let blocks = self.cpu.iter().flat_map(|c| c.keys());
+        let chunked = self.chunks.iter().flat_map(|c| c.hashes());
+        blocks.chain(chunked).map(|h| self.hasher.publish(h)).collect()
     }
 
     /// Checks block accounting: reference counts equal the request tables,
@@ -363,6 +382,9 @@ impl Engine {
         self.gpu.check(&refs)?;
         if let Some(cpu) = &self.cpu {
             cpu.check()?;
+        }
+        if let Some(chunks) = &self.chunks {
+            chunks.check()?;
         }
         Ok(())
     }
@@ -427,10 +449,13 @@ impl Engine {
                 let hit_tokens = (gpu_hits.len() + n_cpu) * self.block_size;
                 let num_new = r.tokens.len().saturating_sub(hit_tokens).min(budget);
                 let num_tokens = r.tokens.len() as u64;
-                if let Some(cpu) = &mut self.cpu {
-                    let loaded = r.hashes.get(gpu_hits.len()..gpu_hits.len() + n_cpu);
-                    for h in loaded.unwrap_or_default() {
+                let loaded = r.hashes.get(gpu_hits.len()..gpu_hits.len() + n_cpu);
+                for h in loaded.unwrap_or_default() {
+                    if let Some(cpu) = &mut self.cpu {
                         cpu.touch(h);
+                    }
+                    if let Some(chunks) = &mut self.chunks {
+                        chunks.touch(h);
                     }
                 }
                 if !self.allocate(id, num_new, &gpu_hits, n_cpu, &mut out.events) {
@@ -440,7 +465,7 @@ impl Engine {
                 self.stats.prefix_cache_hits += (gpu_hits.len() * self.block_size) as u64;
                 self.stats.external_hit_blocks += n_cpu as u64;
                 self.stats.external_hit_tokens += (n_cpu * self.block_size) as u64;
-                if self.cpu.is_some() {
+                if self.cpu.is_some() || self.chunks.is_some() {
                     self.stats.external_queries += num_tokens;
                 }
                 if let Some(r) = self.requests.get_mut(&id) {
@@ -552,12 +577,11 @@ impl Engine {
                 None => break,
             }
         }
-        let n_cpu = match &self.cpu {
-            Some(cpu) => {
-                r.hashes[gpu_hits.len()..max_blocks].iter().take_while(|h| cpu.contains(h)).count()
-            }
-            None => 0,
+        let on_cpu = |h: &Hash32| {
+            self.cpu.as_ref().is_some_and(|c| c.contains(h))
+                || self.chunks.as_ref().is_some_and(|c| c.contains(h))
         };
+        let n_cpu = r.hashes[gpu_hits.len()..max_blocks].iter().take_while(|h| on_cpu(h)).count();
         (gpu_hits, n_cpu)
     }
 
@@ -640,6 +664,17 @@ impl Engine {
             }
             events.push(Event::Stored(ev));
         }
+        if let Some(chunks) = &mut self.chunks {
+            // The connector's events follow the KV-cache manager's.
+            offload_chunks(
+                &self.hasher,
+                chunks,
+                self.config.self_describing_cpu_events,
+                r,
+                bs,
+                events,
+            );
+        }
         true
     }
 
@@ -653,6 +688,61 @@ impl Engine {
             r.num_cached_blocks = 0;
             self.waiting.push_front(id);
             self.stats.preemptions += 1;
+        }
+    }
+}
+
+/// Stores every chunk of `r` computed since the last call on the chunked CPU
+/// tier, as vLLM's offloading connector does, with its events: the evicted
+/// chunk's removal (all its hashes, or its key in placeholder mode), then
+/// the store (all the chunk's hashes with tokens and parent, or the key
+/// alone). Chunk stores carry `lora_name` but no extra keys, as vLLM's do.
+fn offload_chunks(
+    hasher: &BlockHasher,
+    chunks: &mut CpuChunks,
+    self_describing: bool,
+    r: &mut Request,
+    bs: usize,
+    events: &mut Vec<Event>,
+) {
+    let n = chunks.blocks_per_chunk();
+    while (r.offloaded_chunks + 1) * n <= r.num_cached_blocks.min(r.hashes.len()) {
+        let (first, end) = (r.offloaded_chunks * n, (r.offloaded_chunks + 1) * n);
+        r.offloaded_chunks += 1;
+        let chunk = Chunk {
+            hashes: r.hashes[first..end].to_vec(),
+            parent: first.checked_sub(1).map(|p| r.hashes[p]),
+            tokens: r.tokens[first * bs..end * bs].to_vec(),
+        };
+        let announced = |c: &Chunk| -> Vec<BlockHash> {
+            let hashes =
+                if self_describing { &c.hashes[..] } else { &c.hashes[c.hashes.len() - 1..] };
+            hashes.iter().map(|h| hasher.publish(h)).collect()
+        };
+        let (stored, evicted) = chunks.store(chunk.clone());
+        if let Some(old) = evicted {
+            events.push(Event::Removed(BlockRemoved {
+                block_hashes: announced(&old),
+                medium: Some(Medium::Cpu),
+                group_idx: None,
+            }));
+        }
+        if stored {
+            let mut ev = if self_describing {
+                BlockStored::new(
+                    announced(&chunk),
+                    chunk.parent.as_ref().map(|p| hasher.publish(p)),
+                    chunk.tokens,
+                    bs as u32,
+                )
+            } else {
+                BlockStored::new(announced(&chunk), None, Vec::new(), 0)
+            };
+            ev.medium = Some(Medium::Cpu);
+            if self_describing {
+                ev.lora_name = r.identity.lora_name.clone();
+            }
+            events.push(Event::Stored(ev));
         }
     }
 }
@@ -684,7 +774,8 @@ fn emit_evictions(
     // frees it: a subscriber that saw the removal first would have forgotten
     // the hash, and the hash-only CPU placeholder would name nothing.
     for (meta, tokens) in evicted {
-        let (new, dropped) = cpu.insert(meta.hash);
+        let (new, dropped) = cpu.insert(meta.hash, ());
+        let dropped = dropped.map(|(old, ())| old);
         if let Some(old) = dropped {
             events.push(Event::Removed(BlockRemoved {
                 block_hashes: vec![hasher.publish(&old)],

@@ -23,11 +23,13 @@
 //! assert_eq!(engine.stats().finished, 1);
 //! ```
 
+mod chunks;
 pub mod config;
 pub mod engine;
 pub mod error;
 pub mod hash;
 mod lru;
+mod lru_map;
 mod pool;
 pub mod request_stats;
 #[cfg(feature = "server")]

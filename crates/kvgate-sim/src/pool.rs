@@ -23,6 +23,7 @@ use rustc_hash::FxHashMap;
 
 use crate::hash::Hash32;
 use crate::lru::LruList;
+use crate::lru_map::LruMap;
 
 /// What a registered GPU block remembers for self-describing CPU events.
 #[derive(Clone, Debug)]
@@ -249,90 +250,8 @@ impl GpuPool {
     }
 }
 
-/// The CPU offload tier: an LRU set of block hashes.
-#[derive(Clone, Debug)]
-pub(crate) struct CpuTier {
-    slots: Vec<Option<Hash32>>,
-    map: FxHashMap<Hash32, u32>,
-    lru: LruList,
-    free_slots: Vec<u32>,
-}
-
-impl CpuTier {
-    pub(crate) fn new(capacity: usize) -> CpuTier {
-        CpuTier {
-            slots: vec![None; capacity],
-            map: FxHashMap::default(),
-            lru: LruList::new(capacity),
-            free_slots: (0..capacity as u32).rev().collect(),
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    pub(crate) fn contains(&self, hash: &Hash32) -> bool {
-        self.map.contains_key(hash)
-    }
-
-    /// Marks `hash` most recently used.
-    pub(crate) fn touch(&mut self, hash: &Hash32) {
-        if let Some(&slot) = self.map.get(hash) {
-            self.lru.remove(slot);
-            self.lru.push_back(slot);
-        }
-    }
-
-    /// Stores `hash`. Returns whether it is new, and the hash evicted to make
-    /// room, if any. A hash already present is only touched.
-    pub(crate) fn insert(&mut self, hash: Hash32) -> (bool, Option<Hash32>) {
-        if self.map.contains_key(&hash) {
-            self.touch(&hash);
-            return (false, None);
-        }
-        let mut evicted = None;
-        let slot = match self.free_slots.pop() {
-            Some(s) => s,
-            None => {
-                let Some(s) = self.lru.pop_front() else { return (false, None) };
-                if let Some(old) = self.slots[s as usize].take() {
-                    self.map.remove(&old);
-                    evicted = Some(old);
-                }
-                s
-            }
-        };
-        self.slots[slot as usize] = Some(hash);
-        self.map.insert(hash, slot);
-        self.lru.push_back(slot);
-        (true, evicted)
-    }
-
-    pub(crate) fn clear(&mut self) {
-        let capacity = self.slots.len();
-        *self = CpuTier::new(capacity);
-    }
-
-    pub(crate) fn hashes(&self) -> impl Iterator<Item = &Hash32> {
-        self.map.keys()
-    }
-
-    pub(crate) fn check(&self) -> Result<(), String> {
-        if self.map.len() > self.slots.len() || self.map.len() != self.lru.len() {
-            return Err("cpu tier size mismatch".into());
-        }
-        if self.map.len() + self.free_slots.len() != self.slots.len() {
-            return Err("cpu tier slots leak".into());
-        }
-        for (h, &s) in &self.map {
-            if self.slots.get(s as usize) != Some(&Some(*h)) {
-                return Err("cpu tier map and slots disagree".into());
-            }
-        }
-        Ok(())
-    }
-}
+/// The CPU offload tier, block by block: an LRU set of block hashes.
+pub(crate) type CpuTier = LruMap<()>;
 
 #[cfg(test)]
 mod tests {
@@ -397,20 +316,5 @@ mod tests {
         assert_eq!(p.num_free(), 0);
         assert!(p.check(&[1]).is_ok());
         assert!(!p.reset());
-    }
-
-    #[test]
-    fn cpu_lru() {
-        let mut c = CpuTier::new(2);
-        assert_eq!(c.insert(h(1)), (true, None));
-        assert_eq!(c.insert(h(2)), (true, None));
-        c.touch(&h(1));
-        assert_eq!(c.insert(h(3)), (true, Some(h(2))));
-        assert_eq!(c.insert(h(3)), (false, None));
-        assert!(c.check().is_ok());
-        c.clear();
-        assert_eq!(c.len(), 0);
-        let mut z = CpuTier::new(0);
-        assert_eq!(z.insert(h(1)), (false, None));
     }
 }

@@ -203,6 +203,12 @@ pub(crate) struct SimArgs {
     /// Fill CPU-tier BlockStored events instead of vLLM's placeholders.
     #[arg(long)]
     pub(crate) self_describing_cpu_events: bool,
+    /// Offload to the CPU tier in chunks of N blocks as requests compute
+    /// them, and evict whole chunks, as vLLM 0.33's offloading connector
+    /// does: chunks that overlap a shared prefix re-announce its blocks.
+    /// 0 offloads block by block on GPU eviction.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub(crate) cpu_chunk_blocks: u32,
     /// Timing preset: dynamo_mocker or llmd_qwen3_32b.
     #[arg(long, default_value = "dynamo_mocker")]
     pub(crate) timing: String,

@@ -69,6 +69,7 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
             hash_bytes: args.hash_bytes,
             timing: timing.clone(),
             self_describing_cpu_events: args.self_describing_cpu_events,
+            cpu_chunk_blocks: args.cpu_chunk_blocks,
             ..EngineConfig::default()
         };
         let events = match &args.events {

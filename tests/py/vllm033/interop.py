@@ -242,9 +242,10 @@ class Group:
 
 def offload_scenario(vllm, self_describing: bool) -> dict:
     """Two requests share a prefix that ends mid-chunk. Their GPU blocks are
-    stored, offloaded chunk by chunk to CPU, evicted from the GPU (in the
-    same batch as, and before, the CPU stores), and one request's chunks are
-    then evicted from CPU."""
+    stored, offloaded chunk by chunk to CPU, partly evicted from the GPU (in
+    the same batch as, and before, the CPU stores); one request's chunks are
+    then evicted from CPU while some of its blocks are still on the GPU, and
+    last the GPU drops the rest."""
     bs, per_chunk = 4, 2
     group = Group(per_chunk, bs)
     group.kv_event_group_spec = vllm["OffloadingEventGroupSpec"]("full_attention", None)
@@ -295,16 +296,19 @@ def offload_scenario(vllm, self_describing: bool) -> dict:
     batches.append(encode(vllm, manager_events + connector_events))
     expected.append(residency())
 
-    # Step 3: the GPU drops everything else; the CPU evicts r1's chunks.
-    rest = [h for h in r1.block_hashes[4:] + r2.block_hashes if h in gpu]
+    # Step 3: the CPU evicts r1's chunks while the GPU still holds r1's
+    # blocks 4..7 (CPU removal first; blocks 0..3 went GPU first, step 2).
     r1_keys = keys[:4]
     evicted = offload_event(keys=r1_keys, medium=medium_cpu, removed=True)
-    batches.append(
-        encode(vllm, [gpu_remove(vllm, rest)] + list(tracker.take_events([evicted])))
-    )
-    gpu.clear()
+    batches.append(encode(vllm, list(tracker.take_events([evicted]))))
     for key in r1_keys:
         del cpu[key]
+    expected.append(residency())
+
+    # Step 4: the GPU drops everything else.
+    rest = [h for h in r1.block_hashes[4:] + r2.block_hashes if h in gpu]
+    batches.append(encode(vllm, [gpu_remove(vllm, rest)]))
+    gpu.clear()
     expected.append(residency())
     return {
         "self_describing": self_describing,

@@ -295,3 +295,55 @@ fn extreme_times_do_not_panic() {
     e.step(Duration::MAX);
     assert!(e.stats().ttft_sum_s >= 0.0);
 }
+
+/// The CPU-tier hashes each CPU event names, in order: (stored?, hashes).
+fn cpu_events(evs: &[Event]) -> Vec<(bool, Vec<BlockHash>)> {
+    evs.iter()
+        .filter_map(|e| match e {
+            Event::Stored(s) if s.medium == Some(Medium::Cpu) => {
+                Some((true, s.block_hashes.clone()))
+            }
+            Event::Removed(r) if r.medium == Some(Medium::Cpu) => {
+                Some((false, r.block_hashes.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn chunked_offload_re_announces_a_shared_prefix_and_evicts_whole_chunks() {
+    let mut c = cfg(64);
+    c.num_cpu_blocks = 4; // two chunks of two blocks
+    c.cpu_chunk_blocks = 2;
+    c.self_describing_cpu_events = true;
+    let mut e = Engine::new(c).unwrap();
+    // Block 0 shared, block 1 differs: each request's first chunk differs
+    // but both contain block 0.
+    let a: Vec<u32> = (0..4).chain(100..104).chain([7]).collect();
+    let b: Vec<u32> = (0..4).chain(200..204).chain([7]).collect();
+    e.add_request(1, a, 1, 0, true, Duration::ZERO).unwrap();
+    let (_, first, _) = run_to_end(&mut e);
+    e.add_request(2, b, 1, 0, true, Duration::ZERO).unwrap();
+    let (_, second, _) = run_to_end(&mut e);
+    let (one, two) = (cpu_events(&first), cpu_events(&second));
+    assert_eq!(one.len(), 1, "{one:?}");
+    assert_eq!(two.len(), 1, "{two:?}");
+    let (shared_a, shared_b) = (&one[0].1[0], &two[0].1[0]);
+    assert_eq!(shared_a, shared_b, "block 0 announced by both chunks");
+    assert_ne!(one[0].1[1], two[0].1[1]);
+    assert_eq!(e.stats().cpu_cached_blocks, 3);
+    // A third chunk evicts the oldest whole: all its hashes leave, the
+    // shared one stays held by the other chunk.
+    let third: Vec<u32> = (50..58).chain([7]).collect();
+    e.add_request(3, third, 1, 0, true, Duration::ZERO).unwrap();
+    let (_, evs, _) = run_to_end(&mut e);
+    let cpu = cpu_events(&evs);
+    assert_eq!(cpu.len(), 2, "{cpu:?}");
+    assert_eq!(cpu[0], (false, one[0].1.clone()));
+    assert!(cpu[1].0);
+    let held = e.cpu_cached_hashes();
+    assert!(held.contains(shared_a));
+    assert!(!held.contains(&one[0].1[1]));
+    assert_eq!(held.len(), 4);
+}
