@@ -211,7 +211,9 @@ fn purge_if_long_down(shared: &Shared, replica: &Replica, now: Instant) {
         !s.purged && s.down_since.is_some_and(|t| now.saturating_duration_since(t) >= purge_after)
     };
     if due {
-        let n = write(&shared.index).clear_replica(replica.id).unwrap_or(0);
+        // Stepwise: upkeep finishes it (a million blocks must not stall
+        // routing behind the write lock).
+        let n = write(&shared.index).begin_clear(replica.id).unwrap_or(0);
         lock(&replica.status).purged = true;
         tracing::warn!(replica = %replica.name, blocks = n, "purged the index entries of a replica out of rotation");
     }

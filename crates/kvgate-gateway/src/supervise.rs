@@ -123,7 +123,8 @@ fn safe_without(shared: &Shared, replica: &Replica, task: Task, why: &str) {
             // removal would leave ghost blocks. Clear, and ignore the view
             // until the new subscriber has rebuilt it.
             let now = Instant::now();
-            let cleared = write(&shared.index).clear_replica(replica.id).unwrap_or(0);
+            // Stepwise: upkeep finishes it.
+            let cleared = write(&shared.index).begin_clear(replica.id).unwrap_or(0);
             let rebuild = Duration::from_millis(shared.config.monitor.rebuild_ms);
             lock(&replica.status).degraded =
                 Some((format!("event feed restarted ({why})"), now + rebuild));

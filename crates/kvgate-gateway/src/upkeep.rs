@@ -2,7 +2,8 @@
 //! bookings and unconfirmed tentative blocks) used to run only inside a
 //! decision, so when traffic stopped, expired state stayed in the metrics,
 //! the admin API and the dashboard until the next request. This task runs it
-//! every [`PERIOD`] whether or not requests come.
+//! every [`PERIOD`] whether or not requests come. It also finishes, in steps,
+//! any replica clear begun outside a feed task.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,8 +28,18 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             _ = tick.tick() => {}
             _ = stop.wait_for(|v| *v) => return,
         }
-        // Lock order: index, then router (state.rs).
-        let index = read(&shared.index);
-        lock(&shared.router).maintain(Instant::now(), Some(&index));
+        {
+            // Lock order: index, then router (state.rs).
+            let index = read(&shared.index);
+            lock(&shared.router).maintain(Instant::now(), Some(&index));
+        }
+        // Clears begun outside a feed task (a purge of a replica long down,
+        // a feed restart) are finished here, in steps.
+        let replicas: Vec<_> = read(&shared.replicas).iter().map(Arc::clone).collect();
+        for replica in replicas {
+            if read(&shared.index).clearing(replica.id) {
+                crate::feed::finish_clear(&shared, &replica).await;
+            }
+        }
     }
 }

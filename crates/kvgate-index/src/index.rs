@@ -6,13 +6,20 @@
 //! replica's own engine-hash map, so it costs O(its blocks), never O(index).
 //! Event application is in `apply.rs`, the prefix query in `query.rs`.
 
+use rustc_hash::FxHashMap;
+
 use crate::capacity::enforce_capacity;
 use crate::error::IndexError;
-use crate::holders::{Holders, GROUP_SLOTS};
-use crate::replica::{Replica, ReplicaSpec};
+use crate::holders::{lose_tier, Holders, GROUP_SLOTS};
+use crate::replica::{EngineEntry, EngineHash, Replica, ReplicaSpec};
 use crate::replica_id::ReplicaId;
 use crate::stats::{map_bytes, Anomalies, IndexStats, ReplicaStats};
 use crate::Tier;
+
+/// The emptied table of a finished stepwise clear ([`Index::clear_step`]):
+/// dropping it frees the memory, which is best done outside a lock.
+#[derive(Debug)]
+pub struct SpentTable(#[allow(dead_code)] FxHashMap<EngineHash, EngineEntry>);
 
 /// A content-hashed KV block index over a fleet of replicas. See the crate
 /// docs for the model; it does no I/O and takes `&mut self` to change, so a
@@ -90,7 +97,77 @@ impl Index {
         let Some(replica) = self.replicas.get_mut(slot).and_then(Option::as_mut) else {
             return Err(IndexError::UnknownReplica(id));
         };
-        Ok(clear_slot(replica, &mut self.holders, slot))
+        let drained = drain_entries(replica, &mut self.holders, slot, usize::MAX);
+        let dropped = clear_slot(replica, &mut self.holders, slot);
+        self.set_live(slot, true);
+        Ok(drained + dropped)
+    }
+
+    /// Starts clearing a replica without walking its blocks: in O(1) its
+    /// blocks leave its view (it reads as holding nothing, to queries and
+    /// counts alike), and new events apply to an empty view at once. The old
+    /// blocks still occupy the holder map until [`clear_step`] has released
+    /// them, a bounded number per call, so that a clear of millions of
+    /// blocks never holds the caller's write lock for long. Returns how many
+    /// engine entries wait to be released (a clear already in progress is
+    /// finished first).
+    ///
+    /// [`clear_step`]: Index::clear_step
+    pub fn begin_clear(&mut self, id: ReplicaId) -> Result<u64, IndexError> {
+        let slot = id.index();
+        let Some(replica) = self.replicas.get_mut(slot).and_then(Option::as_mut) else {
+            return Err(IndexError::UnknownReplica(id));
+        };
+        drain_entries(replica, &mut self.holders, slot, usize::MAX);
+        replica.draining = std::mem::take(&mut replica.entries);
+        replica.counts = [0; 3];
+        replica.repeats = Default::default();
+        replica.recent = Default::default();
+        let pending = replica.draining.len() as u64;
+        self.set_live(slot, pending == 0);
+        Ok(pending)
+    }
+
+    /// Releases up to `budget` engine entries of a clear in progress, and
+    /// shows the replica to queries again once none is left. Returns how many
+    /// are left (0: the clear is complete) and, with the last step, the old
+    /// table's memory: drop it after releasing any lock around the index
+    /// (freeing tens of megabytes takes milliseconds).
+    pub fn clear_step(
+        &mut self,
+        id: ReplicaId,
+        budget: usize,
+    ) -> Result<(u64, Option<SpentTable>), IndexError> {
+        let slot = id.index();
+        let Some(replica) = self.replicas.get_mut(slot).and_then(Option::as_mut) else {
+            return Err(IndexError::UnknownReplica(id));
+        };
+        drain_entries(replica, &mut self.holders, slot, budget);
+        let left = replica.draining.len() as u64;
+        let mut spent = None;
+        if left == 0 {
+            if replica.draining.capacity() > 0 {
+                spent = Some(SpentTable(std::mem::take(&mut replica.draining)));
+            }
+            self.set_live(slot, true);
+        }
+        Ok((left, spent))
+    }
+
+    /// Whether a clear of the replica is in progress.
+    pub fn clearing(&self, id: ReplicaId) -> bool {
+        self.replica(id).is_some_and(|r| !r.draining.is_empty())
+    }
+
+    fn set_live(&mut self, slot: usize, live: bool) {
+        if let Some(mask) = self.live_masks.get_mut(slot / GROUP_SLOTS) {
+            let bit = 1u64 << (slot % GROUP_SLOTS);
+            if live {
+                *mask |= bit;
+            } else {
+                *mask &= !bit;
+            }
+        }
     }
 
     /// Sets a replica's capacity per tier (`None`: the default bound), for
@@ -229,6 +306,7 @@ impl Index {
             .flatten()
             .map(|r| {
                 map_bytes(&r.entries)
+                    + map_bytes(&r.draining)
                     + map_bytes(&r.extra_holds)
                     + map_bytes(&r.repeats)
                     + r.recent.bytes_used()
@@ -250,6 +328,33 @@ impl Index {
 
 /// Drops everything the replica in `slot` holds; returns the (block, tier)
 /// residencies dropped. Duplicate-content bookkeeping goes with it.
+/// Releases up to `budget` entries of `replica.draining` from the holder
+/// map, through `lose_tier` (so that entries of the new view holding the same
+/// keys keep their bits). Returns the residencies released.
+///
+/// `extract_if` dropped early keeps the rest, and restarts from the table's
+/// start on the next call, skipping emptied control groups 16 at a time.
+pub(crate) fn drain_entries(
+    replica: &mut Replica,
+    holders: &mut Holders,
+    slot: usize,
+    budget: usize,
+) -> u64 {
+    if replica.draining.is_empty() {
+        return 0;
+    }
+    let mut released = 0;
+    for (_, entry) in replica.draining.extract_if(|_, _| true).take(budget) {
+        for tier in Tier::ALL {
+            if entry.tiers() & (1 << tier as u8) != 0 {
+                lose_tier(holders, &mut replica.extra_holds, entry.key(), slot, tier);
+                released += 1;
+            }
+        }
+    }
+    released
+}
+
 pub(crate) fn clear_slot(replica: &mut Replica, holders: &mut Holders, slot: usize) -> u64 {
     let mut dropped = 0;
     for entry in replica.entries.values() {

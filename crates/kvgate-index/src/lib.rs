@@ -44,7 +44,7 @@ mod testutil;
 
 pub use capacity::{capacity_slack, DEFAULT_CAPACITY_BLOCKS};
 pub use error::IndexError;
-pub use index::Index;
+pub use index::{Index, SpentTable};
 pub use keys::{
     block_keys, block_keys_with_extra, chain_key, extend_block_keys, request_block_keys, BlockKey,
     ROOT_KEY,

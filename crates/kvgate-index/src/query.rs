@@ -74,6 +74,11 @@ impl Index {
     pub fn fastest_tier(&self, key: BlockKey, id: ReplicaId) -> Option<Tier> {
         let slot = id.index();
         let (group, bit) = (slot / GROUP_SLOTS, 1u64 << (slot % GROUP_SLOTS));
+        // A replica being cleared (or gone) holds nothing, whatever its
+        // holder bits still say.
+        if self.live_masks.get(group).is_none_or(|live| live & bit == 0) {
+            return None;
+        }
         let [gpu, cpu] = self.holders.gpu_cpu(key, group);
         if gpu & bit != 0 {
             Some(Tier::Gpu)

@@ -125,6 +125,12 @@ pub(crate) struct Replica {
     pub(crate) repeats: FxHashMap<(u64, u8), u32>,
     /// Hashes removed a moment ago, for late placeholders and parents.
     pub(crate) recent: RecentlyRemoved,
+    /// Entries of a clear in progress ([`Index::begin_clear`]): still
+    /// counted in the holder bits (with `extra_holds`) until a clear step
+    /// releases them; the replica is hidden from queries meanwhile.
+    ///
+    /// [`Index::begin_clear`]: crate::Index::begin_clear
+    pub(crate) draining: FxHashMap<EngineHash, EngineEntry>,
     /// KV cache groups seen with a spec kind other than full attention.
     pub(crate) non_full_groups: Vec<u32>,
     /// Next insertion sequence number (below [`SEQ_LIMIT`]).
@@ -142,6 +148,7 @@ impl Replica {
             extra_holds: FxHashMap::default(),
             repeats: FxHashMap::default(),
             recent: RecentlyRemoved::default(),
+            draining: FxHashMap::default(),
             non_full_groups: Vec::new(),
             next_seq: 0,
             anomalies: Anomalies::default(),

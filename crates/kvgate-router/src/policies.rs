@@ -188,7 +188,7 @@ impl Router {
         let symbols = Self::approx_symbols(req);
         self.approx_tick += 1;
         self.approx.insert(&symbols, replica.0, self.approx_tick);
-        if self.approx_tick % APPROX_EVICT_EVERY == 0 {
+        if self.approx_tick.is_multiple_of(APPROX_EVICT_EVERY) {
             self.approx.evict(self.config.approx.max_tree_symbols);
         }
     }

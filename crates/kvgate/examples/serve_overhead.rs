@@ -280,7 +280,7 @@ fn long_chat(i: usize) -> serde_json::Value {
         x ^= x >> 7;
         x ^= x << 17;
         text.push_str(words[(x % 8) as usize]);
-        text.push_str(if x % 11 == 0 { ".\n" } else { " " });
+        text.push_str(if x.is_multiple_of(11) { ".\n" } else { " " });
     }
     json!([
         {"role": "system", "content": format!("Session {i}. You are a careful assistant.")},

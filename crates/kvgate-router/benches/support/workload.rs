@@ -170,7 +170,7 @@ pub(crate) fn load(router: &mut Router, w: &Workload, now: Instant) {
 pub(crate) fn tick(router: &mut Router, w: &Workload, now: &mut Instant, n: &mut u64) {
     *now += TICK;
     *n += 1;
-    if *n % (1 << 16) == 0 {
+    if n.is_multiple_of(1 << 16) {
         load(router, w, *now);
     }
 }
