@@ -36,7 +36,10 @@ pub(crate) async fn forward(
 ) -> Response {
     let label = p.route.label();
     let fwd_headers = crate::auth::forwarded(client_headers);
-    let mut exclude: Vec<ReplicaId> = Vec::new();
+    // An adapter an engine listed (not one declared for the whole fleet) is
+    // served only by the replicas that list it.
+    let mut exclude: Vec<ReplicaId> = shared.without_adapter(p.adapter.as_deref());
+    let not_serving = exclude.len();
     let mut queued_since: Option<Instant> = None;
     let mut last_error: Option<ErrorResponse> = None;
     let max_retries = shared.config.limits.max_retries;
@@ -85,7 +88,7 @@ pub(crate) async fn forward(
             Decision::Reject { reason, retry_after } => {
                 let (resp, why) = match (reason, last_error.take()) {
                     // Every replica tried failed: report the last failure.
-                    (RejectReason::NoReplica, Some(e)) if !exclude.is_empty() => {
+                    (RejectReason::NoReplica, Some(e)) if exclude.len() > not_serving => {
                         (error_response(&e), "no_replica")
                     }
                     (RejectReason::NoReplica, _) => (
@@ -134,7 +137,7 @@ pub(crate) async fn forward(
                 shared.note_failure(&replica, err.error.message.clone(), Instant::now());
                 shared.metrics.retry(reason);
                 exclude.push(replica.id);
-                if exclude.len() > max_retries as usize {
+                if exclude.len() - not_serving > max_retries as usize {
                     shared.metrics.request(label, err.status(), &replica.name);
                     return error_response(&err);
                 }

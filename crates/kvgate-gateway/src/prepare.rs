@@ -30,6 +30,8 @@ pub(crate) struct Prepared {
     pub(crate) max_output: Option<u32>,
     pub(crate) stream: bool,
     pub(crate) session_key: Option<String>,
+    /// The LoRA adapter the request names, if any.
+    pub(crate) adapter: Option<String>,
     /// The client's body, byte for byte.
     pub(crate) original: Bytes,
     /// The body carrying the prompt tokens (chat: `kv_transfer_params`).
@@ -340,6 +342,7 @@ fn finish(
         max_output,
         stream,
         session_key,
+        adapter: identity.lora.map(str::to_owned),
         original,
         with_tokens,
     }

@@ -173,6 +173,22 @@ impl Shared {
         all
     }
 
+    /// The replicas that do not serve `adapter`: none for a base-model
+    /// request or an adapter declared in `model.lora_adapters` (served by
+    /// every replica, by declaration); for an adapter learnt from the
+    /// engines, every replica whose engine does not list it.
+    pub(crate) fn without_adapter(&self, adapter: Option<&str>) -> Vec<ReplicaId> {
+        let Some(adapter) = adapter else { return Vec::new() };
+        if self.config.model.lora_adapters.iter().any(|a| a == adapter) {
+            return Vec::new();
+        }
+        read(&self.replicas)
+            .iter()
+            .filter(|r| !lock(&r.status).adapters.iter().any(|a| a == adapter))
+            .map(|r| r.id)
+            .collect()
+    }
+
     /// Whether some replica's engine lists `model` as a LoRA adapter.
     pub(crate) fn engine_serves_adapter(&self, model: &str) -> bool {
         read(&self.replicas).iter().any(|r| lock(&r.status).adapters.iter().any(|a| a == model))

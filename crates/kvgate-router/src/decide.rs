@@ -207,7 +207,13 @@ impl Router {
                 Decision::Reject { reason: RejectReason::AllBusy, retry_after: poll }
             }
             Err((reason, why)) => {
-                self.log_decision(req, &cands, None, reason, now);
+                // A waiter's re-polls: its first Wait is in the log already
+                // and its outcome will be; the polls in between would only
+                // push real decisions out of it.
+                let repoll = reason == Reason::AllBusyWait && req.queued_since.is_some();
+                if !repoll {
+                    self.log_decision(req, &cands, None, reason, now);
+                }
                 if reason == Reason::AllBusyWait {
                     RouterMetrics::inc(&self.metrics.waits);
                     Decision::Wait { retry_after: poll }

@@ -139,6 +139,10 @@ fn all_busy_waits_boundedly_then_rejects() {
     let m = r.metrics();
     assert_eq!(m.waits.load(std::sync::atomic::Ordering::Relaxed), 2);
     assert_eq!(m.rejected.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // The log has the first Wait, the reject and the routing, not the
+    // waiter's re-poll in between.
+    let reasons: Vec<&str> = r.recent_decisions().map(|e| e.reason.label()).collect();
+    assert_eq!(reasons.iter().filter(|r| **r == "all_busy_wait").count(), 1, "{reasons:?}");
 
     let cfg = RouterConfig {
         busy_kv_usage: 0.9,

@@ -171,3 +171,32 @@ async fn an_adapter_the_engine_lists_is_served_and_keyed_without_config() {
     let again = ask(&serve, "ad2", None).await;
     assert!(again.engine_cached >= 39 * BLOCK && again.predicted >= 39);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_goes_only_to_the_engines_that_list_it() {
+    let with = spawn_sim(None, true, &["--lora-adapter", "ad3", "--speedup", "50"]);
+    let without = spawn_sim(None, true, &["--speedup", "50"]);
+    let serve = spawn_serve(&[&without, &with], &[]);
+    wait_ready(&serve.base).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !get_json(&format!("{}/v1/models", serve.base)).await.to_string().contains("ad3") {
+        assert!(Instant::now() < deadline, "ad3 never listed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 0..8u32 {
+        let body = json!({
+            "model": "ad3",
+            "prompt": (0..64).map(|t| i * 1000 + t).collect::<Vec<u32>>(),
+            "max_tokens": 1,
+        });
+        let r = client()
+            .post(format!("{}/v1/completions", serve.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        // r1 is the sim that lists ad3 (spawn_serve names them in order).
+        assert_eq!(r.headers()["x-kvgate-replica"], "r1", "request {i}");
+    }
+}
