@@ -584,3 +584,51 @@ async fn latency_histograms_count_tokens() {
     assert_eq!(scrape(&text, "vllm:time_to_first_token_seconds_count"), Some(2.0), "{text}");
     assert_eq!(scrape(&text, "vllm:inter_token_latency_seconds_count"), Some(8.0), "{text}");
 }
+
+#[tokio::test]
+async fn data_parallel_ranks_serve_one_metrics_page_grouped_by_family() {
+    let r = replica(ServerConfig { data_parallel_size: 3, ..config() }).await;
+    for rank in ["0", "2", "1"] {
+        let resp = reqwest::Client::new()
+            .post(format!("{}/v1/completions", r.url()))
+            .header("x-data-parallel-rank", rank)
+            .json(&json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 1}))
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success());
+    }
+    let out_of_range = reqwest::Client::new()
+        .post(format!("{}/v1/completions", r.url()))
+        .header("x-data-parallel-rank", "3")
+        .json(&json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(out_of_range.status(), 400);
+    let text = metrics(&r).await;
+    let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE ")).collect();
+    let mut unique = types.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(types.len(), unique.len(), "a family's TYPE repeats");
+    // Each family's samples follow its comments: no family appears twice.
+    let mut seen = std::collections::HashSet::new();
+    let mut last = String::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split(['{', ' ']).next().unwrap().to_owned();
+        let family = name
+            .trim_end_matches("_bucket")
+            .trim_end_matches("_sum")
+            .trim_end_matches("_count")
+            .to_owned();
+        if family != last {
+            assert!(seen.insert(family.clone()), "family {family} is split");
+            last = family;
+        }
+    }
+    for rank in 0..3 {
+        let line = format!("vllm:num_requests_running{{engine=\"{rank}\"");
+        assert!(text.lines().any(|l| l.starts_with(&line)), "no {line} in\n{text}");
+    }
+}

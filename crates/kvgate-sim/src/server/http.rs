@@ -83,13 +83,15 @@ pub(super) async fn models(State(state): State<Shared>) -> Json<Value> {
 }
 
 pub(super) async fn metrics(State(state): State<Shared>) -> Response {
-    // One block of series per data-parallel engine, labelled engine="r".
-    let text: String = state
+    // Each data-parallel engine's series, labelled engine="r", grouped by
+    // family as vLLM serves them (one HELP and TYPE per family).
+    let pages: Vec<String> = state
         .rank_metrics
         .iter()
         .enumerate()
         .map(|(rank, m)| m.render(&state.config.model, &state.config.engine, rank))
         .collect();
+    let text = merge_families(&pages);
     (
         [(
             header::CONTENT_TYPE,
@@ -98,6 +100,50 @@ pub(super) async fn metrics(State(state): State<Shared>) -> Response {
         text,
     )
         .into_response()
+}
+
+/// Merges Prometheus text pages of the same families: each family's comment
+/// lines once (from the first page that has it), then its samples from every
+/// page, in page order. A page is split into families at `# HELP` lines.
+fn merge_families(pages: &[String]) -> String {
+    if let [one] = pages {
+        return one.clone();
+    }
+    // family name -> (comment lines, sample lines), in first-seen order.
+    let mut order: Vec<String> = Vec::new();
+    let mut families: std::collections::HashMap<String, (Vec<&str>, Vec<&str>)> =
+        std::collections::HashMap::new();
+    for page in pages {
+        let mut current = String::new();
+        let mut first_comments = false;
+        for line in page.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                current = rest.split(' ').next().unwrap_or_default().to_owned();
+                first_comments = !families.contains_key(&current);
+                if first_comments {
+                    order.push(current.clone());
+                }
+            }
+            let entry = families.entry(current.clone()).or_default();
+            if line.starts_with('#') {
+                if first_comments {
+                    entry.0.push(line);
+                }
+            } else if !line.is_empty() {
+                entry.1.push(line);
+            }
+        }
+    }
+    let mut out = String::new();
+    for name in &order {
+        if let Some((comments, samples)) = families.get(name) {
+            for line in comments.iter().chain(samples) {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 /// Debug (not a vLLM endpoint): the block hashes the engine really holds,
