@@ -15,6 +15,7 @@
 pub mod decode;
 pub mod decode_fast;
 pub mod encode;
+mod endpoint;
 pub mod error;
 mod fields;
 pub mod frames;
@@ -28,5 +29,6 @@ pub mod types;
 pub use decode::{decode_batch, decode_batch_reference};
 pub use decode_fast::decode_batch_fast;
 pub use encode::{encode_batch, Layout};
+pub use endpoint::offset_endpoint_port;
 pub use error::DecodeError;
 pub use types::*;

@@ -110,7 +110,9 @@ pub(crate) async fn tokenize(State(s): S, body: Bytes) -> Response {
         return bad("the body is not valid JSON");
     };
     if let Some(m) = value.get("model").and_then(Value::as_str) {
-        if m != s.config.model.served_name && !s.adapters().iter().any(|a| a == m) {
+        let model = &s.config.model;
+        let adapter = model.lora_adapters.iter().any(|a| a == m) || s.engine_serves_adapter(m);
+        if m != model.served_name && !adapter {
             return error_response(&ErrorResponse::not_found(format!(
                 "The model `{m}` does not exist."
             )));

@@ -91,21 +91,6 @@ fn default_dp_size() -> u32 {
 /// The most data-parallel ranks one replica entry may expand into.
 pub const MAX_DP_SIZE: u32 = 256;
 
-/// vLLM's rule for a rank's event endpoints (`offset_endpoint_port` in
-/// `distributed/kv_events.py`): the TCP port plus the rank; port 0 stays 0.
-fn offset_port(endpoint: &str, rank: u32) -> Result<String, String> {
-    let (host, port) =
-        endpoint.rsplit_once(':').ok_or_else(|| format!("endpoint {endpoint:?} has no port"))?;
-    let port: u32 = port.parse().map_err(|_| format!("endpoint {endpoint:?}: bad port"))?;
-    if port == 0 {
-        return Ok(endpoint.to_owned());
-    }
-    match u16::try_from(port + rank) {
-        Ok(p) => Ok(format!("{host}:{p}")),
-        Err(_) => Err(format!("endpoint {endpoint:?} plus rank {rank} is past port 65535")),
-    }
-}
-
 impl ReplicaConfig {
     /// A replica at `url` with defaults.
     pub fn new(url: impl Into<String>) -> ReplicaConfig {
@@ -146,8 +131,9 @@ impl ReplicaConfig {
         let name = self.display_name().trim_end_matches('/').to_owned();
         (0..self.dp_size)
             .map(|rank| {
-                let offset =
-                    |e: &Option<String>| e.as_deref().map(|e| offset_port(e, rank)).transpose();
+                let offset = |e: &Option<String>| {
+                    e.as_deref().map(|e| kvgate_events::offset_endpoint_port(e, rank)).transpose()
+                };
                 Ok(ReplicaConfig {
                     name: Some(format!("{name}#{rank}")),
                     events: offset(&self.events)?,

@@ -78,7 +78,16 @@ impl CpuChunks {
     /// make room, if any.
     pub(crate) fn store(&mut self, chunk: Chunk) -> (bool, Option<Chunk>) {
         let Some(key) = chunk.key() else { return (false, None) };
-        let hashes = chunk.hashes.clone();
+        if self.chunks.capacity() == 0 {
+            return (false, None);
+        }
+        if self.chunks.contains(&key) {
+            self.chunks.touch(&key);
+            return (false, None);
+        }
+        for h in &chunk.hashes {
+            *self.refs.entry(*h).or_insert(0) += 1;
+        }
         let (stored, evicted) = self.chunks.insert(key, chunk);
         if let Some((_, old)) = &evicted {
             for h in &old.hashes {
@@ -88,11 +97,6 @@ impl CpuChunks {
                         self.refs.remove(h);
                     }
                 }
-            }
-        }
-        if stored {
-            for h in hashes {
-                *self.refs.entry(h).or_insert(0) += 1;
             }
         }
         (stored, evicted.map(|(_, old)| old))

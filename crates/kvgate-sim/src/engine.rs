@@ -719,7 +719,22 @@ fn offload_chunks(
                 if self_describing { &c.hashes[..] } else { &c.hashes[c.hashes.len() - 1..] };
             hashes.iter().map(|h| hasher.publish(h)).collect()
         };
-        let (stored, evicted) = chunks.store(chunk.clone());
+        // The store's event is built first: the tier takes the chunk.
+        let mut ev = if self_describing {
+            BlockStored::new(
+                announced(&chunk),
+                chunk.parent.as_ref().map(|p| hasher.publish(p)),
+                chunk.tokens.clone(),
+                bs as u32,
+            )
+        } else {
+            BlockStored::new(announced(&chunk), None, Vec::new(), 0)
+        };
+        ev.medium = Some(Medium::Cpu);
+        if self_describing {
+            ev.lora_name = r.identity.lora_name.clone();
+        }
+        let (stored, evicted) = chunks.store(chunk);
         if let Some(old) = evicted {
             events.push(Event::Removed(BlockRemoved {
                 block_hashes: announced(&old),
@@ -728,20 +743,6 @@ fn offload_chunks(
             }));
         }
         if stored {
-            let mut ev = if self_describing {
-                BlockStored::new(
-                    announced(&chunk),
-                    chunk.parent.as_ref().map(|p| hasher.publish(p)),
-                    chunk.tokens,
-                    bs as u32,
-                )
-            } else {
-                BlockStored::new(announced(&chunk), None, Vec::new(), 0)
-            };
-            ev.medium = Some(Medium::Cpu);
-            if self_describing {
-                ev.lora_name = r.identity.lora_name.clone();
-            }
             events.push(Event::Stored(ev));
         }
     }

@@ -24,20 +24,10 @@ pub(crate) fn parse_layout(name: &str) -> Option<Layout> {
     }
 }
 
-/// `tcp://HOST:PORT` with PORT + `offset`; other endpoints only for one replica.
+/// `tcp://HOST:PORT` with PORT + `offset` (vLLM's rule); other endpoints
+/// only for one replica.
 pub(crate) fn offset_endpoint(endpoint: &str, offset: u16) -> anyhow::Result<String> {
-    if offset == 0 {
-        return Ok(endpoint.to_owned());
-    }
-    let Some((head, port)) = endpoint.rsplit_once(':') else {
-        bail!("cannot derive a per-replica endpoint from {endpoint}");
-    };
-    let port: u16 = port.parse().with_context(|| format!("no port in {endpoint}"))?;
-    if port == 0 {
-        return Ok(endpoint.to_owned());
-    }
-    let port = port.checked_add(offset).context("port overflow")?;
-    Ok(format!("{head}:{port}"))
+    kvgate_events::offset_endpoint_port(endpoint, u32::from(offset)).map_err(anyhow::Error::msg)
 }
 
 pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {

@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use kvgate_events::offset_endpoint_port;
 use kvgate_events::publisher::{LocalEndpoints, Publisher, PublisherConfig, PublisherError};
 use kvgate_tokenize::service::TokenizeService;
 use tokio::net::TcpListener;
@@ -107,8 +108,8 @@ pub enum ServerError {
     /// `data_parallel_size` must be within `1..=64`.
     #[error("data parallel size must be within 1..=64, got {0}")]
     DataParallelSize(u32),
-    /// A rank's event port would pass 65535.
-    #[error("kv events endpoint {0:?}: the port plus the data-parallel rank is past 65535")]
+    /// A rank's event endpoint cannot be derived (no port, or past 65535).
+    #[error("kv events for a data-parallel rank: {0}")]
     RankPort(String),
 }
 
@@ -272,19 +273,11 @@ pub async fn start(
     Ok(Replica { http_addr, events, rank_events, metrics, publisher, shutdown, exit, http })
 }
 
-/// Rank `rank`'s publisher: vLLM's `offset_endpoint_port`, the TCP port of
-/// the endpoint and of the replay endpoint plus the rank (a port of 0 stays
-/// 0: the OS picks).
+/// Rank `rank`'s publisher: the event and replay ports plus the rank, by
+/// vLLM's rule ([`offset_endpoint_port`]).
 fn rank_publisher(pc: &PublisherConfig, rank: u32) -> Result<PublisherConfig, ServerError> {
-    let offset = |endpoint: &str| -> Result<String, ServerError> {
-        let Some((host, port)) = endpoint.rsplit_once(':') else { return Ok(endpoint.to_owned()) };
-        match port.parse::<u32>() {
-            Ok(0) | Err(_) => Ok(endpoint.to_owned()),
-            Ok(p) => u16::try_from(p + rank)
-                .map(|p| format!("{host}:{p}"))
-                .map_err(|_| ServerError::RankPort(endpoint.to_owned())),
-        }
-    };
+    let offset =
+        |endpoint: &str| offset_endpoint_port(endpoint, rank).map_err(ServerError::RankPort);
     let mut out = pc.clone();
     out.endpoint = offset(&pc.endpoint)?;
     out.replay_endpoint = pc.replay_endpoint.as_deref().map(offset).transpose()?;
