@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::config::ReplicaConfig;
-use crate::locks::{lock, read};
+
 use crate::registry;
 use crate::response::error_response;
 use crate::state::Shared;
@@ -78,10 +78,8 @@ pub(crate) fn explanation_json(s: &Shared, e: &Explanation, now: Instant) -> Val
 /// The last `limit` decisions as JSON, newest first (`/admin/decisions` and
 /// the dashboard).
 pub(crate) fn recent_decisions_json(s: &Shared, limit: usize, now: Instant) -> Vec<Value> {
-    let recent: Vec<_> = {
-        let router = lock(&s.router);
-        router.recent_decisions().rev().take(limit).cloned().collect()
-    };
+    let recent: Vec<_> =
+        s.fleet.with(|f| f.router().recent_decisions().rev().take(limit).cloned().collect());
     recent.iter().map(|e| explanation_json(s, e, now)).collect()
 }
 
@@ -143,15 +141,16 @@ pub(crate) async fn replica_blocks(State(s): S, Path(name): Path<String>) -> Res
         Ok(r) => r,
         Err(resp) => return *resp,
     };
-    let index = read(&s.index);
-    let tier = |t| index.engine_hashes(r.id, t).unwrap_or_default();
+    let [gpu, cpu, storage] = s.fleet.with(|f| {
+        [Tier::Gpu, Tier::Cpu, Tier::Storage]
+            .map(|t| f.index().engine_hashes(r.id, t).unwrap_or_default())
+    });
     let body = json!({
         "replica": r.name,
-        "gpu": tier(Tier::Gpu),
-        "cpu": tier(Tier::Cpu),
-        "storage": tier(Tier::Storage),
+        "gpu": gpu,
+        "cpu": cpu,
+        "storage": storage,
     });
-    drop(index);
     Json(body).into_response()
 }
 

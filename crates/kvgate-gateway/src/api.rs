@@ -14,7 +14,7 @@ use kvgate_openai::ErrorResponse;
 use serde_json::{json, Value};
 
 use crate::forward::forward;
-use crate::locks::{lock, read};
+
 use crate::prepare;
 use crate::response::{error_response, with_retry_after};
 use crate::route::Route;
@@ -150,25 +150,20 @@ pub(crate) async fn health() -> StatusCode {
 /// Readiness: every configured replica has answered a probe at least once,
 /// and at least one is in rotation now.
 pub(crate) async fn ready(State(s): S) -> Response {
-    let replicas = read(&s.replicas).clone();
-    let missing: Vec<String> =
-        replicas.iter().filter(|r| !lock(&r.status).ever_seen).map(|r| r.name.clone()).collect();
     // A replica with an event stream counts only once its view has been
     // synced: before that, kvgate would route blind to what it caches.
-    let syncing: Vec<String> = replicas
-        .iter()
-        .filter(|r| r.config.events.is_some() && !lock(&r.status).view_synced)
-        .map(|r| r.name.clone())
-        .collect();
-    let serving = replicas.iter().filter(|r| lock(&r.status).probe_ok).count();
-    let ok = missing.is_empty() && syncing.is_empty() && serving > 0 && !*s.closing.borrow();
+    let r = s.fleet.with(|f| f.readiness());
+    let ok = r.not_seen.is_empty()
+        && r.not_synced.is_empty()
+        && r.in_rotation > 0
+        && !*s.closing.borrow();
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let body = json!({
         "ready": ok,
-        "replicas": replicas.len(),
-        "in_rotation": serving,
-        "not_seen_yet": missing,
-        "view_not_synced": syncing,
+        "replicas": r.replicas,
+        "in_rotation": r.in_rotation,
+        "not_seen_yet": r.not_seen,
+        "view_not_synced": r.not_synced,
     });
     (status, Json(body)).into_response()
 }

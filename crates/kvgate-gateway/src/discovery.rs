@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::config::ReplicaConfig;
-use crate::locks::lock;
+
 use crate::registry;
 use crate::state::Shared;
 
@@ -111,8 +111,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         }
         for name in &p.undrain {
             if let Some(r) = shared.replica_by_name(name) {
-                lock(&r.status).draining = false;
-                shared.sync_health(&r, now);
+                shared.fleet.with(|f| f.set_draining(r.id, false, now));
                 draining.remove(name);
                 tracing::info!(replica = %name, "engine back in DNS; draining stopped");
             }
@@ -129,11 +128,9 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         let done: Vec<String> = draining
             .iter()
             .filter(|(name, since)| {
-                let idle = shared.replica_by_name(name).is_none_or(|r| {
-                    lock(&shared.router).load(r.id).is_none_or(|v| {
-                        v.load.prefill_requests == 0 && v.load.decoding_requests == 0
-                    })
-                });
+                let idle = shared
+                    .replica_by_name(name)
+                    .is_none_or(|r| shared.fleet.with(|f| f.idle(r.id)));
                 idle || now.saturating_duration_since(**since) >= limit
             })
             .map(|(n, _)| n.clone())

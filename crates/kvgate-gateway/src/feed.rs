@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use kvgate_events::subscriber::{Subscriber, SubscriberConfig, Update};
 use tokio::sync::mpsc;
 
-use crate::locks::{lock, write};
 use crate::state::{Replica, Shared};
 
 /// Runs the subscriber of `replica` until it is stopped. An error says why
@@ -27,10 +26,9 @@ pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) -> Result<()
         };
         sub.run(shutdown).await
     });
-    let rebuild = Duration::from_millis(shared.config.monitor.rebuild_ms);
     while let Some(update) = rx.recv().await {
         let clears = matches!(update, Update::Reset { .. } | Update::DecodeError { .. });
-        apply(&shared, &replica, update, rebuild);
+        apply(&shared, &replica, update);
         if clears {
             // This task applies the replica's events, so none interleave
             // with the clear; other replicas' events and routing do.
@@ -60,8 +58,7 @@ const CLEAR_PAUSE: Duration = Duration::from_millis(1);
 pub(crate) async fn finish_clear(shared: &Shared, replica: &Replica) {
     loop {
         // The statement ends the write guard; the spent table is freed after.
-        let (left, spent) =
-            write(&shared.index).clear_step(replica.id, CLEAR_STEP).unwrap_or((0, None));
+        let (left, spent) = shared.fleet.with(|f| f.clear_step(replica.id, CLEAR_STEP));
         drop(spent);
         if left == 0 {
             return;
@@ -70,44 +67,31 @@ pub(crate) async fn finish_clear(shared: &Shared, replica: &Replica) {
     }
 }
 
-fn apply(shared: &Shared, replica: &Replica, update: Update, rebuild: Duration) {
+fn apply(shared: &Shared, replica: &Replica, update: Update) {
     let now = Instant::now();
+    let id = replica.id;
     match update {
-        Update::Batch { batch, .. } => {
-            let outcome = write(&shared.index).apply_batch(replica.id, &batch, now);
-            let mut s = lock(&replica.status);
-            s.events_seen = true;
-            if outcome.anomalies.block_size_mismatch > 0 {
-                let p = format!(
-                    "its events carry a block size other than the configured {} \
-                     (set block_size to the engine's --block-size)",
-                    replica.config.block_size
-                );
-                s.problem(&replica.name, p);
-            }
-        }
+        Update::Batch { batch, .. } => shared.fleet.with(|f| f.apply_events(id, &batch, now)),
         Update::Reset { reason } => {
-            let cleared = write(&shared.index).begin_clear(replica.id).unwrap_or(0);
+            let why = format!("view reset: {reason}");
+            let cleared = shared.fleet.with(|f| f.view_lost(id, why, now));
             tracing::warn!(replica = %replica.name, %reason, cleared, "KV view reset");
-            lock(&replica.status).degraded = Some((format!("view reset: {reason}"), now + rebuild));
-            shared.sync_health(replica, now);
         }
         Update::Degraded { reason } => {
             tracing::warn!(replica = %replica.name, %reason, "KV view degraded");
-            lock(&replica.status).degraded =
-                Some((format!("view incomplete: {reason}"), now + rebuild));
-            shared.sync_health(replica, now);
+            let why = format!("view incomplete: {reason}");
+            shared.fleet.with(|f| f.view_degraded(id, why, now));
         }
         Update::DecodeError { seq, error } => {
             // Its events are lost; a lost removal would leave ghost blocks,
             // so the view is reset and rebuilt, and the problem is reported.
-            let cleared = write(&shared.index).begin_clear(replica.id).unwrap_or(0);
-            let mut s = lock(&replica.status);
-            s.problem(&replica.name, format!("undecodable event batch (seq {seq}): {error}"));
-            s.degraded = Some((format!("event batch {seq} undecodable"), now + rebuild));
-            drop(s);
+            let problem = format!("undecodable event batch (seq {seq}): {error}");
+            let why = format!("event batch {seq} undecodable");
+            let cleared = shared.fleet.with(|f| {
+                f.problem(id, problem);
+                f.view_lost(id, why, now)
+            });
             tracing::warn!(replica = %replica.name, seq, %error, cleared, "undecodable event batch; view reset");
-            shared.sync_health(replica, now);
         }
         Update::Gap { from, to } => {
             tracing::info!(replica = %replica.name, from, to, "event gap, replaying");
@@ -117,10 +101,7 @@ fn apply(shared: &Shared, replica: &Replica, update: Update, rebuild: Duration) 
         }
         Update::Connected => tracing::debug!(replica = %replica.name, "events connected"),
         Update::Synced { complete } => {
-            let mut s = lock(&replica.status);
-            s.view_synced = true;
-            s.view_complete = complete;
-            drop(s);
+            shared.fleet.with(|f| f.view_synced(id, complete));
             if complete {
                 tracing::info!(replica = %replica.name, "KV view synced from the engine's first event batch");
             } else {

@@ -15,9 +15,9 @@ use kvgate_openai::ErrorResponse;
 use kvgate_router::{Decision, Outcome, RejectReason, RouteRequest, Routed};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::locks::{lock, read};
 use crate::prepare::Prepared;
 use crate::relay::Relay;
+use crate::replica_status::Failure;
 use crate::response::{error_response, with_retry_after};
 use crate::state::{Replica, Shared};
 
@@ -64,9 +64,7 @@ pub(crate) async fn forward(
                 queued_since,
                 exclude: &exclude,
             };
-            let index = read(&shared.index);
-            let mut router = lock(&shared.router);
-            router.decide(&req, &index, now)
+            shared.fleet.with(|f| f.route(&req, now))
         };
         shared.metrics.decide_time(now.elapsed().as_secs_f64());
         if !matches!(decision, Decision::Wait { .. }) {
@@ -134,7 +132,8 @@ pub(crate) async fn forward(
             Err((reason, err)) => {
                 routed.booking.finish(Outcome::Error);
                 tracing::warn!(replica = %replica.name, %reason, error = %err.error.message, "engine failed; trying another replica");
-                shared.note_failure(&replica, err.error.message.clone(), Instant::now());
+                let error = err.error.message.clone();
+                shared.failed(&replica, error, Failure::Error, Instant::now());
                 shared.metrics.retry(reason);
                 exclude.push(replica.id);
                 if exclude.len() - not_serving > max_retries as usize {
@@ -181,7 +180,8 @@ async fn send(
         Ok(Err(e)) if e.is_connect() => {
             // Nothing listens there (refused, unreachable): the replica is
             // gone, not slow; take it out of rotation at once.
-            shared.mark_down(replica, format!("connect failed: {e}"), Instant::now());
+            let error = format!("connect failed: {e}");
+            shared.failed(replica, error, Failure::Unreachable, Instant::now());
             return Err((
                 "connect",
                 ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name)),
@@ -306,7 +306,7 @@ async fn respond(
                 "replica {} failed while answering: {e}",
                 replica.name
             ));
-            shared.note_failure(&replica, err.error.message.clone(), Instant::now());
+            shared.failed(&replica, err.error.message.clone(), Failure::Error, Instant::now());
             shared.metrics.request(label, err.status(), &replica.name);
             let mut r = error_response(&err);
             if let Some(v) = headers.get("x-kvgate-replica") {

@@ -12,7 +12,9 @@
 //! - `forward.rs`: decide, send, retry before the first byte, whole responses;
 //!   `admission.rs`: the first-come queue of requests waiting for a replica.
 //! - `relay.rs`: SSE streaming with first-token detection and error tails.
-//! - `feed.rs`: one KV-event subscriber per replica into the index.
+//! - `fleet.rs`, `replica_status.rs`: the sans-IO fleet core (index, router,
+//!   replica status, health rules, `tick`); `fleet_handle.rs`: its one lock.
+//! - `feed.rs`: one KV-event subscriber per replica into the fleet.
 //! - `monitor.rs`, `scrape.rs`: health probes and `/metrics` scraping.
 //! - `registry.rs`: adding, draining and removing replicas; `supervise.rs`:
 //!   their tasks restarted (and the replica made safe) when one ends.
@@ -27,7 +29,7 @@
 //! - `state.rs`, `snapshot.rs`, `metrics.rs`, `ttft_ring.rs`: shared state,
 //!   its snapshot, Prometheus exposition, recent TTFTs.
 //! - `locks.rs`: poison-tolerant lock helpers; `upkeep.rs`: the router's
-//!   expiry on a timer.
+//!   the fleet's clock (`Fleet::tick` at its next deadline).
 
 mod admin;
 mod admission;
@@ -39,6 +41,8 @@ mod dashboard;
 mod discovery;
 mod error;
 mod feed;
+mod fleet;
+mod fleet_handle;
 mod forward;
 mod locks;
 mod metrics;
@@ -48,6 +52,7 @@ mod peers;
 mod prepare;
 mod registry;
 mod relay;
+mod replica_status;
 mod response;
 mod route;
 mod scrape;

@@ -1,17 +1,14 @@
-//! Watching each replica: `GET /health` and `GET /metrics` on an interval.
-//! Metrics feed the router (load, KV usage, capacity, reconciliation) and
-//! check the configured block size; failed probes take a replica out of
-//! rotation, and after `purge_after_ms` out of rotation its index entries are
-//! purged. When it answers again it comes back (degraded while its view is
-//! rebuilt if it was purged).
+//! Watching each replica: `GET /health` and `GET /metrics` on an interval,
+//! and `GET /v1/models` for its adapters. What the probes find goes to the
+//! fleet core (`fleet.rs`), which applies the health rules: metrics feed the
+//! router (load, KV usage, capacity, reconciliation) and check the
+//! configured block size; failed probes take a replica out of rotation.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvgate_router::EngineReport;
-
-use crate::locks::{lock, write};
-use crate::scrape::{parse_rank_metrics, EngineScrape};
+use crate::replica_status::Failure;
+use crate::scrape::parse_rank_metrics;
 use crate::state::{Replica, Shared};
 
 /// Probes `replica` until it is stopped.
@@ -29,7 +26,7 @@ pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) {
             _ = async { let _ = stop.wait_for(|v| *v).await; } => return,
         }
         probe_once(&shared, &replica).await;
-        let up = lock(&replica.status).probe_ok;
+        let up = shared.fleet.with(|f| f.status(replica.id).is_some_and(|s| s.probe_ok));
         if up && adapters_at.is_none_or(|at| at.elapsed() >= ADAPTER_REFRESH) {
             refresh_adapters(&shared, &replica).await;
             adapters_at = Some(Instant::now());
@@ -53,11 +50,7 @@ async fn refresh_adapters(shared: &Shared, replica: &Replica) {
     };
     let adapters: Vec<String> =
         list.data.into_iter().filter(|card| card.parent.is_some()).map(|card| card.id).collect();
-    let mut status = lock(&replica.status);
-    if status.adapters != adapters {
-        tracing::info!(replica = %replica.name, ?adapters, "LoRA adapters listed by the engine");
-        status.adapters = adapters;
-    }
+    shared.fleet.with(|f| f.set_adapters(replica.id, adapters));
 }
 
 /// One probe: `/health`, then `/metrics`.
@@ -76,18 +69,14 @@ pub(crate) async fn probe_once(shared: &Shared, replica: &Replica) {
             let metrics = get(shared, replica, "/metrics", timeout).await;
             let rank = replica.config.dp_rank;
             let scrape = metrics.map_err(|p| p.error).and_then(|t| parse_rank_metrics(&t, rank));
-            on_success(shared, replica, scrape, now);
+            shared.fleet.with(|f| f.probe_succeeded(replica.id, scrape, now));
         }
         // Nothing listens (refused, unreachable): out of rotation at once,
         // as a refused request does; other failures count toward
         // `unhealthy_after`.
-        Err(Probe { error, unreachable: true }) => {
-            shared.mark_down(replica, error, now);
-            purge_if_long_down(shared, replica, now);
-        }
-        Err(Probe { error, unreachable: false }) => {
-            shared.note_failure(replica, error, now);
-            purge_if_long_down(shared, replica, now);
+        Err(Probe { error, unreachable }) => {
+            let failure = if unreachable { Failure::Unreachable } else { Failure::Error };
+            shared.failed(replica, error, failure, now);
         }
     }
 }
@@ -121,100 +110,4 @@ async fn get(
         });
     }
     resp.text().await.map_err(failed)
-}
-
-fn on_success(
-    shared: &Shared,
-    replica: &Replica,
-    scrape: Result<EngineScrape, String>,
-    now: Instant,
-) {
-    let rebuild = Duration::from_millis(shared.config.monitor.rebuild_ms);
-    {
-        let mut s = lock(&replica.status);
-        if !s.probe_ok {
-            tracing::info!(replica = %replica.name, "replica in rotation");
-            if s.purged {
-                s.degraded = Some(("view purged while down; rebuilding".into(), now + rebuild));
-                s.purged = false;
-            }
-        }
-        s.probe_ok = true;
-        s.ever_seen = true;
-        s.failures = 0;
-        s.down_since = None;
-        match &scrape {
-            Ok(e) => {
-                if let Some(bs) = e.block_size.filter(|&b| b != replica.config.block_size) {
-                    let p = format!(
-                        "engine reports block_size {bs} but kvgate is configured with {}",
-                        replica.config.block_size
-                    );
-                    s.problem(&replica.name, p);
-                }
-                s.engine = Some(e.clone());
-            }
-            Err(err) => s.last_error = Some(err.clone()),
-        }
-    }
-    shared.sync_health(replica, now);
-    if let Ok(e) = scrape {
-        let report = EngineReport {
-            running: e.running,
-            waiting: e.waiting,
-            kv_usage: e.kv_usage,
-            prefix_cache_queries: e.prefix_queries,
-            prefix_cache_hits: e.prefix_hits,
-            timing: e.timing,
-            at: now,
-        };
-        let resized = {
-            let mut router = lock(&shared.router);
-            let mut resized = None;
-            if let (Some(cap), Some((info, _))) = (e.num_gpu_blocks, router.replica(replica.id)) {
-                let cpu = e.num_cpu_blocks.unwrap_or(0);
-                if info.capacity_blocks[0] != cap || info.capacity_blocks[1] != cpu {
-                    let mut info = info.clone();
-                    info.capacity_blocks[0] = cap;
-                    info.capacity_blocks[1] = cpu;
-                    let _ = router.update_info(replica.id, info);
-                    resized = Some((cap, cpu));
-                }
-            }
-            let _ = router.report(replica.id, report);
-            resized
-        };
-        // The index's memory bound follows the engine's real size (taken
-        // after the router's lock: registration locks the index first). A
-        // CPU tier the engine does not report (0: offloading connectors
-        // count their blocks elsewhere) keeps the configured bound.
-        if let Some((gpu, cpu)) = resized {
-            let bound = shared.config.limits.index_blocks_per_tier;
-            let cpu = if cpu > 0 { cpu } else { bound };
-            let dropped = write(&shared.index)
-                .set_capacity(replica.id, [Some(gpu), Some(cpu), Some(bound)])
-                .unwrap_or(0);
-            if dropped > 0 {
-                tracing::warn!(replica = %replica.name, dropped, capacity = gpu, "the index held more blocks than the engine can; the oldest were dropped");
-            }
-        }
-    }
-}
-
-/// Purges the index entries of a replica out of rotation for too long: its
-/// cache is probably gone (a crash), and stale entries would attract traffic
-/// when it returns.
-fn purge_if_long_down(shared: &Shared, replica: &Replica, now: Instant) {
-    let purge_after = Duration::from_millis(shared.config.monitor.purge_after_ms);
-    let due = {
-        let s = lock(&replica.status);
-        !s.purged && s.down_since.is_some_and(|t| now.saturating_duration_since(t) >= purge_after)
-    };
-    if due {
-        // Stepwise: upkeep finishes it (a million blocks must not stall
-        // routing behind the write lock).
-        let n = write(&shared.index).begin_clear(replica.id).unwrap_or(0);
-        lock(&replica.status).purged = true;
-        tracing::warn!(replica = %replica.name, blocks = n, "purged the index entries of a replica out of rotation");
-    }
 }

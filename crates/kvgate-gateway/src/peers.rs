@@ -160,19 +160,23 @@ pub(crate) async fn receive(
                 WireChange::Tentative { .. } => None,
             })
             .collect();
-        let mut router = lock(&s.router);
-        for (replica, keys) in tentative {
-            let keys: Vec<BlockKey> = keys.iter().map(|&k| BlockKey(k)).collect();
-            router.apply_peer_tentative(replica, &keys, now);
-        }
-        for c in changes {
-            match c {
-                Some(c) => {
-                    router.apply_peer(peer, &c, now);
-                }
-                None => unknown += 1,
+        unknown += s.fleet.with(|f| {
+            let router = f.router_mut();
+            for (replica, keys) in tentative {
+                let keys: Vec<BlockKey> = keys.iter().map(|&k| BlockKey(k)).collect();
+                router.apply_peer_tentative(replica, &keys, now);
             }
-        }
+            let mut unknown = 0;
+            for c in changes {
+                match c {
+                    Some(c) => {
+                        router.apply_peer(peer, &c, now);
+                    }
+                    None => unknown += 1,
+                }
+            }
+            unknown
+        });
     }
     if unknown > 0 {
         if let Some(k) = lock(&peers.known).get_mut(&batch.instance) {
@@ -199,7 +203,7 @@ fn wire(s: &Shared, c: &LedgerChange) -> Option<WireChange> {
 /// target list current (static URLs plus `peers.dns`), until `stop`.
 pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
     let cfg = shared.config.peers.clone();
-    lock(&shared.router).share_with_peers(true);
+    shared.fleet.with(|f| f.router_mut().share_with_peers(true));
     for u in &cfg.urls {
         add_target(&shared, u.trim_end_matches('/'));
     }
@@ -225,11 +229,11 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         }
         changes.clear();
         tentative.clear();
-        let dropped = {
-            let mut router = lock(&shared.router);
+        let dropped = shared.fleet.with(|f| {
+            let router = f.router_mut();
             router.drain_ledger_changes(&mut changes)
                 + router.drain_tentative_changes(&mut tentative)
-        };
+        });
         shared.peers.outbox_dropped.store(dropped, Ordering::Relaxed);
         if changes.is_empty() && tentative.is_empty() && now.duration_since(last_sent) < heartbeat {
             forget_silent(&shared, now);
@@ -272,7 +276,7 @@ fn forget_silent(shared: &Shared, now: Instant) {
         .collect();
     for (instance, id) in gone {
         lock(&shared.peers.known).remove(&instance);
-        let released = lock(&shared.router).forget_peer(id);
+        let released = shared.fleet.with(|f| f.router_mut().forget_peer(id));
         shared.peers.forgotten.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(%instance, released, "peer silent too long: forgotten, its bookings released");
     }

@@ -3,16 +3,14 @@
 //! gets its event subscriber and monitor tasks.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use kvgate_events::subscriber::SubscriberMetrics;
-use kvgate_index::ReplicaSpec;
-use kvgate_router::ReplicaInfo;
 use tokio::sync::watch;
 
 use crate::config::ReplicaConfig;
-use crate::locks::{lock, read, write};
-use crate::state::{Replica, ReplicaStatus, Shared};
+use crate::locks::{read, write};
+use crate::state::{Replica, Shared};
 use crate::supervise::{self, Task};
 
 /// Registers every entry `cfg` stands for (one per data-parallel rank, see
@@ -51,22 +49,9 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
         return Err(format!("replica {name} is already registered"));
     }
     let route_urls = Replica::parse_route_urls(&base)?;
-    let id = {
-        let mut index = write(&shared.index);
-        // Bounded from the start; the engine's reported cache size replaces
-        // the bound once known (monitor).
-        let mut spec = ReplicaSpec::new(name.clone(), cfg.dp_rank.unwrap_or(0), cfg.block_size);
-        spec.capacity_blocks = [Some(shared.config.limits.index_blocks_per_tier); 3];
-        let id = index.add_replica(spec).map_err(|e| e.to_string())?;
-        let mut router = lock(&shared.router);
-        if let Err(e) = router.add_replica(id, ReplicaInfo::new(name.clone(), cfg.block_size)) {
-            let _ = index.remove_replica(id);
-            return Err(e.to_string());
-        }
-        // Down until its first probe answers.
-        let _ = router.set_health(id, kvgate_router::Health::Down);
-        id
-    };
+    let has_events = cfg.events.is_some();
+    let rank = cfg.dp_rank.unwrap_or(0);
+    let id = shared.fleet.with(|f| f.add(&name, rank, cfg.block_size, has_events))?;
     let (stop, _) = watch::channel(false);
     let replica = Arc::new(Replica {
         id,
@@ -74,17 +59,10 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
         name,
         base,
         route_urls,
-        status: Mutex::new(ReplicaStatus::default()),
         events: Arc::new(SubscriberMetrics::default()),
         routed: AtomicU64::new(0),
         stop,
     });
-    if replica.config.events.is_none() {
-        lock(&replica.status).problem(
-            &replica.name,
-            "no KV event stream configured (events=tcp://…): routed by load only".into(),
-        );
-    }
     write(&shared.replicas).push(Arc::clone(&replica));
     if replica.config.events.is_some() {
         supervise::spawn_replica_task(shared, &replica, Task::Feed, crate::feed::run);
@@ -105,8 +83,8 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
 
 /// Stops new requests to a replica; in-flight ones finish.
 pub(crate) fn drain(shared: &Shared, replica: &Replica) {
-    lock(&replica.status).draining = true;
-    shared.sync_health(replica, std::time::Instant::now());
+    let now = std::time::Instant::now();
+    shared.fleet.with(|f| f.set_draining(replica.id, true, now));
     tracing::info!(replica = %replica.name, "replica draining");
 }
 
@@ -114,11 +92,7 @@ pub(crate) fn drain(shared: &Shared, replica: &Replica) {
 /// index entries dropped.
 pub(crate) fn remove(shared: &Shared, replica: &Replica) {
     let _ = replica.stop.send(true);
-    {
-        let mut index = write(&shared.index);
-        let _ = lock(&shared.router).remove_replica(replica.id);
-        let _ = index.remove_replica(replica.id);
-    }
+    shared.fleet.with(|f| f.remove(replica.id));
     write(&shared.replicas).retain(|r| r.id != replica.id);
     tracing::info!(replica = %replica.name, "replica removed");
 }

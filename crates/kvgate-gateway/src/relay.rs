@@ -21,6 +21,7 @@ use kvgate_openai::{ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
 use kvgate_router::{Booking, Outcome};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::replica_status::Failure;
 use crate::state::{Replica, Shared};
 
 /// Largest single SSE event the tap parses (bigger events pass through but
@@ -155,7 +156,8 @@ impl Relay {
         self.shared.metrics.stream_error(reason);
         // A stalled or broken engine stream counts against the replica like
         // a failed request: enough in a row take it out of rotation.
-        self.shared.note_failure(&self.replica, e.error.message.clone(), Instant::now());
+        let error = e.error.message.clone();
+        self.shared.failed(&self.replica, error, Failure::Error, Instant::now());
         tracing::warn!(replica = %self.replica.name, reason, error = %e.error.message, "stream ended with an error");
         let mut out = Vec::new();
         // Terminate a partial event first, so the error parses on its own.

@@ -9,6 +9,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::fleet::Fleet;
+use crate::fleet_handle::FleetHandle;
+use crate::replica_status::HealthRules;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -16,7 +19,6 @@ use axum::routing::{delete, get, post};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use kvgate_index::Index;
 use kvgate_openai::ErrorResponse;
 use kvgate_tokenize::prefix_cache::PrefixCacheConfig;
 use kvgate_tokenize::service::{Tokenize, TokenizeService};
@@ -282,8 +284,7 @@ impl Gateway {
             admission,
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
             tokenizer: Arc::new(tokenizer),
-            index: std::sync::RwLock::new(Index::new()),
-            router: std::sync::Mutex::new(router),
+            fleet: FleetHandle::new(Fleet::new(router, HealthRules::from_config(&config))),
             replicas: std::sync::RwLock::new(Vec::new()),
             client,
             metrics: Metrics::new(),

@@ -1,70 +1,26 @@
-//! Shared state: the tokenizer, the KV index, the router, and per-replica
-//! runtime state.
+//! Shared state: the tokenizer, the fleet's one handle, the replicas' shell
+//! side (URLs, event counters, task stops) and the request path's limits.
 //!
-//! Lock order, everywhere: `index` (RwLock) before `router` (Mutex) before a
-//! replica's `status` (Mutex). All three are `std::sync` locks held for
-//! microseconds and never across an `.await`.
+//! Fleet state (index, router, replica status) sits behind one lock,
+//! [`FleetHandle`], taken through closures: none is held across an `.await`.
+//! The replica list is a separate `RwLock`, never taken inside the fleet's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use kvgate_events::subscriber::SubscriberMetrics;
-use kvgate_index::{Index, ReplicaId, Tier};
-use kvgate_router::{Health, Router};
+use kvgate_index::{ReplicaId, Tier};
 use kvgate_tokenize::service::TokenizeService;
 use tokio::sync::{watch, Semaphore};
 
 use crate::config::{GatewayConfig, ReplicaConfig};
-use crate::locks::{lock, read};
+use crate::fleet::Fleet;
+use crate::fleet_handle::FleetHandle;
+use crate::locks::read;
 use crate::metrics::Metrics;
-use crate::scrape::EngineScrape;
-use crate::snapshot::{FleetSnapshot, ReplicaSnapshot};
-
-/// What kvgate knows about one replica beyond the router.
-#[derive(Debug, Default)]
-pub(crate) struct ReplicaStatus {
-    /// The last probe succeeded.
-    pub(crate) probe_ok: bool,
-    /// Some probe ever succeeded (for `/ready`).
-    pub(crate) ever_seen: bool,
-    /// Consecutive failures (probes or requests).
-    pub(crate) failures: u32,
-    /// When it left rotation.
-    pub(crate) down_since: Option<Instant>,
-    /// Its index entries were purged while down.
-    pub(crate) purged: bool,
-    /// No new requests (admin drain).
-    pub(crate) draining: bool,
-    /// Why its view is being rebuilt, and until when it counts as degraded.
-    pub(crate) degraded: Option<(String, Instant)>,
-    /// Last error, for the admin API.
-    pub(crate) last_error: Option<String>,
-    /// Configuration problems found at runtime (loud, persistent).
-    pub(crate) problems: Vec<String>,
-    /// The last scrape.
-    pub(crate) engine: Option<EngineScrape>,
-    /// Whether any event arrived.
-    pub(crate) events_seen: bool,
-    /// The event subscriber's first sync is done (initial replay applied,
-    /// or no replay endpoint): `/ready` waits for it.
-    pub(crate) view_synced: bool,
-    /// That sync reached back to the engine's first batch.
-    pub(crate) view_complete: bool,
-    /// LoRA adapters the engine lists in `/v1/models` (cards with a
-    /// `parent`), refreshed every [`crate::monitor::ADAPTER_REFRESH`].
-    pub(crate) adapters: Vec<String>,
-}
-
-impl ReplicaStatus {
-    /// Adds a problem once and logs it loudly the first time.
-    pub(crate) fn problem(&mut self, name: &str, p: String) {
-        if !self.problems.contains(&p) {
-            tracing::error!(replica = name, problem = %p, "replica misconfigured");
-            self.problems.push(p);
-        }
-    }
-}
+use crate::replica_status::Failure;
+use crate::snapshot::{FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, ReplicaSnapshot};
 
 /// One configured replica at runtime.
 #[derive(Debug)]
@@ -77,7 +33,6 @@ pub(crate) struct Replica {
     /// The engine's chat and completions URLs, parsed once (parsing a URL
     /// per request was 3 % of a short request's CPU).
     pub(crate) route_urls: [reqwest::Url; 2],
-    pub(crate) status: Mutex<ReplicaStatus>,
     pub(crate) events: Arc<SubscriberMetrics>,
     pub(crate) routed: AtomicU64,
     /// Stops this replica's tasks (subscriber, monitor) when set.
@@ -101,18 +56,6 @@ impl Replica {
             crate::route::Route::Completions => &self.route_urls[1],
         }
     }
-
-    /// The router health this status implies.
-    pub(crate) fn health(&self, now: Instant) -> Health {
-        let s = lock(&self.status);
-        if !s.probe_ok || s.draining {
-            Health::Down
-        } else if s.degraded.as_ref().is_some_and(|(_, until)| now < *until) {
-            Health::Degraded
-        } else {
-            Health::Healthy
-        }
-    }
 }
 
 /// Everything the handlers share.
@@ -120,8 +63,9 @@ impl Replica {
 pub(crate) struct Shared {
     pub(crate) config: GatewayConfig,
     pub(crate) tokenizer: Arc<TokenizeService>,
-    pub(crate) index: RwLock<Index>,
-    pub(crate) router: Mutex<Router>,
+    /// The index, the router and every replica's status: the one owner of
+    /// fleet state (`fleet.rs`).
+    pub(crate) fleet: FleetHandle,
     pub(crate) replicas: RwLock<Vec<Arc<Replica>>>,
     pub(crate) client: reqwest::Client,
     pub(crate) metrics: Metrics,
@@ -162,89 +106,44 @@ impl Shared {
     /// Every LoRA adapter served: the configured ones, then those the
     /// engines list, each once.
     pub(crate) fn adapters(&self) -> Vec<String> {
-        let mut all = self.config.model.lora_adapters.clone();
-        for r in read(&self.replicas).iter() {
-            for a in &lock(&r.status).adapters {
-                if !all.contains(a) {
-                    all.push(a.clone());
-                }
-            }
-        }
-        all
+        self.fleet.with(|f| f.adapters(&self.config.model.lora_adapters))
     }
 
-    /// The replicas that do not serve `adapter`: none for a base-model
-    /// request or an adapter declared in `model.lora_adapters` (served by
-    /// every replica, by declaration); for an adapter learnt from the
-    /// engines, every replica whose engine does not list it.
+    /// The replicas that do not serve `adapter` ([`Fleet::without_adapter`]).
     pub(crate) fn without_adapter(&self, adapter: Option<&str>) -> Vec<ReplicaId> {
-        let Some(adapter) = adapter else { return Vec::new() };
-        if self.config.model.lora_adapters.iter().any(|a| a == adapter) {
-            return Vec::new();
-        }
-        read(&self.replicas)
-            .iter()
-            .filter(|r| !lock(&r.status).adapters.iter().any(|a| a == adapter))
-            .map(|r| r.id)
-            .collect()
+        self.fleet.with(|f| f.without_adapter(adapter, &self.config.model.lora_adapters))
     }
 
     /// Whether some replica's engine lists `model` as a LoRA adapter.
     pub(crate) fn engine_serves_adapter(&self, model: &str) -> bool {
-        read(&self.replicas).iter().any(|r| lock(&r.status).adapters.iter().any(|a| a == model))
+        self.fleet.with(|f| f.engine_serves_adapter(model))
     }
 
     pub(crate) fn replica_by_name(&self, name: &str) -> Option<Arc<Replica>> {
         read(&self.replicas).iter().find(|r| r.name == name || r.base == name).cloned()
     }
 
-    /// Pushes a replica's health to the router when it changed.
-    pub(crate) fn sync_health(&self, replica: &Replica, now: Instant) {
-        let h = replica.health(now);
-        let mut router = lock(&self.router);
-        if router.replica(replica.id).is_some_and(|(_, cur)| cur != h) {
-            let _ = router.set_health(replica.id, h);
-            tracing::info!(replica = %replica.name, health = h.name(), "replica health changed");
-        }
-    }
-
-    /// Records a failed request or probe; enough in a row take the replica
-    /// out of rotation at once.
-    pub(crate) fn note_failure(&self, replica: &Replica, error: String, now: Instant) {
-        {
-            let mut s = lock(&replica.status);
-            s.failures += 1;
-            s.last_error = Some(error);
-            if s.failures >= self.config.monitor.unhealthy_after && s.probe_ok {
-                s.probe_ok = false;
-                s.down_since = Some(now);
-                tracing::warn!(replica = %replica.name, "replica left rotation");
-            }
-        }
-        self.sync_health(replica, now);
-    }
-
-    /// Takes a replica out of rotation at once (a refused connection: no
-    /// process listens). The monitor brings it back when it answers again.
-    pub(crate) fn mark_down(&self, replica: &Replica, error: String, now: Instant) {
-        {
-            let mut s = lock(&replica.status);
-            s.failures = s.failures.max(self.config.monitor.unhealthy_after);
-            s.last_error = Some(error);
-            if s.probe_ok {
-                s.probe_ok = false;
-                s.down_since = Some(now);
-                tracing::warn!(replica = %replica.name, "replica left rotation: connection refused");
-            }
-        }
-        self.sync_health(replica, now);
+    /// Records a failed request or probe ([`Fleet::failed`]).
+    pub(crate) fn failed(&self, replica: &Replica, error: String, failure: Failure, now: Instant) {
+        self.fleet.with(|f| f.failed(replica.id, error, failure, now));
     }
 
     /// Builds the snapshot for metrics and the admin API.
     pub(crate) fn snapshot(&self, now: Instant) -> FleetSnapshot {
         let replicas = read(&self.replicas).clone();
-        let index = read(&self.index);
-        let router = lock(&self.router);
+        let (peers, peer_targets) = self.peers.snapshot(now);
+        self.fleet.with(|fleet| self.snapshot_of(fleet, &replicas, peers, peer_targets, now))
+    }
+
+    fn snapshot_of(
+        &self,
+        fleet: &Fleet,
+        replicas: &[Arc<Replica>],
+        peers: Vec<PeerSnapshot>,
+        peer_targets: Vec<PeerTargetSnapshot>,
+        now: Instant,
+    ) -> FleetSnapshot {
+        let (index, router) = (fleet.index(), fleet.router());
         let mut out = FleetSnapshot {
             index_bytes: index.bytes_used(),
             index_distinct_keys: index.distinct_keys(),
@@ -258,7 +157,7 @@ impl Shared {
             peers_forgotten: self.peers.forgotten.load(Ordering::Relaxed),
             ..FleetSnapshot::default()
         };
-        (out.peers, out.peer_targets) = self.peers.snapshot(now);
+        (out.peers, out.peer_targets) = (peers, peer_targets);
         let m = router.metrics();
         out.decisions = [&m.routed, &m.waits, &m.rejected].map(|c| c.load(Ordering::Relaxed));
         for r in replicas {
@@ -269,14 +168,10 @@ impl Shared {
                 .map(|(info, h)| (h.name(), info.capacity_blocks))
                 .unwrap_or(("down", [0; 3]));
             let view = router.load(r.id).unwrap_or_default();
-            let s = lock(&r.status);
+            let Some(s) = fleet.status(r.id) else { continue };
             let ev = &r.events;
             let e = s.engine.as_ref();
-            let reason = if !s.probe_ok {
-                Some(s.last_error.clone().unwrap_or_else(|| "not seen yet".into()))
-            } else {
-                s.degraded.as_ref().filter(|(_, until)| now < *until).map(|(why, _)| why.clone())
-            };
+            let reason = s.reason(now);
             out.replicas.push(ReplicaSnapshot {
                 name: r.name.clone(),
                 url: r.base.clone(),

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::locks::{lock, write};
 use crate::state::{Replica, Shared};
 
 /// The first wait before a restart.
@@ -124,11 +123,8 @@ fn safe_without(shared: &Shared, replica: &Replica, task: Task, why: &str) {
             // until the new subscriber has rebuilt it.
             let now = Instant::now();
             // Stepwise: upkeep finishes it.
-            let cleared = write(&shared.index).begin_clear(replica.id).unwrap_or(0);
-            let rebuild = Duration::from_millis(shared.config.monitor.rebuild_ms);
-            lock(&replica.status).degraded =
-                Some((format!("event feed restarted ({why})"), now + rebuild));
-            shared.sync_health(replica, now);
+            let why = format!("event feed restarted ({why})");
+            let cleared = shared.fleet.with(|f| f.view_lost(replica.id, why, now));
             tracing::info!(replica = %replica.name, cleared, "KV view cleared until the feed rebuilds it");
         }
         // A restarted monitor probes at once; until then the last verdict

@@ -1,45 +1,51 @@
-//! The router's upkeep on a timer. `Router::maintain` (expiring stale
-//! bookings and unconfirmed tentative blocks) used to run only inside a
-//! decision, so when traffic stopped, expired state stayed in the metrics,
-//! the admin API and the dashboard until the next request. This task runs it
-//! every [`PERIOD`] whether or not requests come. It also finishes, in steps,
-//! any replica clear begun outside a feed task.
+//! The fleet's clock: a driver task that calls [`Fleet::tick`] at the
+//! fleet's next deadline (a purge due, a degraded window ending), and at
+//! least every [`PERIOD`] for the router's expiries (stale bookings and
+//! unconfirmed tentative blocks), whether or not requests come. Without it,
+//! expired state stayed in the metrics, the admin API and the dashboard until
+//! the next request. It also finishes, in steps, any replica clear begun
+//! outside a feed task (a purge, a feed restart).
+//!
+//! [`Fleet::tick`]: crate::fleet::Fleet::tick
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::locks::{lock, read};
+use crate::locks::read;
 use crate::state::Shared;
 
-/// How often upkeep runs. Bookings and tentative blocks live for seconds
-/// (`router.tentative_ttl_ms`, the ledger's expiry), so a quarter second
-/// keeps what is shown within that of the truth; a sweep of the ledger is
-/// microseconds.
+/// The longest the driver sleeps. Bookings and tentative blocks live for
+/// seconds (`router.tentative_ttl_ms`, the ledger's expiry), so a quarter
+/// second keeps what is shown within that of the truth; a sweep of the
+/// ledger is microseconds.
 pub(crate) const PERIOD: Duration = Duration::from_millis(250);
 
 /// Runs until `stop` turns true.
 pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
-    let mut tick = tokio::time::interval(PERIOD);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        let now = Instant::now();
+        let wake =
+            shared.fleet.with(|f| f.next_deadline()).map_or(now + PERIOD, |d| d.min(now + PERIOD));
         tokio::select! {
-            _ = tick.tick() => {}
+            _ = tokio::time::sleep_until(wake.max(now).into()) => {}
             _ = stop.wait_for(|v| *v) => return,
         }
-        {
-            // Lock order: index, then router (state.rs).
-            let index = read(&shared.index);
-            lock(&shared.router).maintain(Instant::now(), Some(&index));
-        }
-        // Clears begun outside a feed task (a purge of a replica long down,
-        // a feed restart) are finished here, in steps.
-        let replicas: Vec<_> = read(&shared.replicas).iter().map(Arc::clone).collect();
+        let clearing = shared.fleet.with(|f| {
+            f.tick(Instant::now());
+            f.clearing()
+        });
+        // Clears begun outside a feed task are finished here, in steps. A
+        // replica whose feed runs finishes its own (feed.rs); doing it here
+        // too is harmless, as each step takes what is left.
+        let replicas: Vec<_> = read(&shared.replicas)
+            .iter()
+            .filter(|r| clearing.contains(&r.id))
+            .map(Arc::clone)
+            .collect();
         for replica in replicas {
-            if read(&shared.index).clearing(replica.id) {
-                crate::feed::finish_clear(&shared, &replica).await;
-            }
+            crate::feed::finish_clear(&shared, &replica).await;
         }
     }
 }

@@ -1,0 +1,411 @@
+//! The fleet core, sans-IO: the KV index, the router and every replica's
+//! status, owned together, changed only through the methods here, each
+//! given the `now` it acts at (quinn-proto's style). It holds no locks and
+//! does no IO; the shell (`fleet_handle.rs`) owns the one lock, the tasks
+//! bring probes, events and requests in, and the upkeep task calls
+//! [`Fleet::tick`] by [`Fleet::next_deadline`].
+//!
+//! The health rules live here and nowhere else: a refused connection takes a
+//! replica out of rotation at once, other failures after
+//! `monitor.unhealthy_after` in a row; out of rotation for
+//! `monitor.purge_after_ms` its index entries are purged (stepwise); a
+//! rebuilt view is degraded for `monitor.rebuild_ms`; a drained replica gets
+//! no new requests while its own finish.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use kvgate_events::Batch;
+use kvgate_index::{Index, ReplicaId, ReplicaSpec, SpentTable};
+use kvgate_router::{Decision, EngineReport, Health, ReplicaInfo, RouteRequest, Router};
+
+use crate::replica_status::{Failure, HealthRules, ReplicaStatus};
+use crate::scrape::EngineScrape;
+
+/// One replica as the fleet tracks it.
+#[derive(Debug)]
+struct Tracked {
+    name: String,
+    block_size: u32,
+    /// It has a KV event stream (readiness waits for its first sync).
+    has_events: bool,
+    status: ReplicaStatus,
+}
+
+/// What `/ready` needs.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Readiness {
+    pub(crate) replicas: usize,
+    /// Replicas no probe has reached yet.
+    pub(crate) not_seen: Vec<String>,
+    /// Replicas with an event stream whose first sync is not done.
+    pub(crate) not_synced: Vec<String>,
+    /// Replicas in rotation.
+    pub(crate) in_rotation: usize,
+}
+
+/// The fleet's state. See the module docs.
+#[derive(Debug)]
+pub(crate) struct Fleet {
+    index: Index,
+    router: Router,
+    replicas: BTreeMap<ReplicaId, Tracked>,
+    rules: HealthRules,
+}
+
+impl Fleet {
+    pub(crate) fn new(router: Router, rules: HealthRules) -> Fleet {
+        Fleet { index: Index::new(), router, replicas: BTreeMap::new(), rules }
+    }
+
+    pub(crate) fn index(&self) -> &Index {
+        &self.index
+    }
+
+    pub(crate) fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// The router, for what only it knows (peers' ledger sharing).
+    pub(crate) fn router_mut(&mut self) -> &mut Router {
+        &mut self.router
+    }
+
+    pub(crate) fn status(&self, id: ReplicaId) -> Option<&ReplicaStatus> {
+        self.replicas.get(&id).map(|t| &t.status)
+    }
+
+    /// Registers a replica: in the index (bounded by the rules' bound until
+    /// the engine reports its size) and in the router, down until its first
+    /// probe answers.
+    pub(crate) fn add(
+        &mut self,
+        name: &str,
+        dp_rank: u32,
+        block_size: u32,
+        has_events: bool,
+    ) -> Result<ReplicaId, String> {
+        let mut spec = ReplicaSpec::new(name, dp_rank, block_size);
+        spec.capacity_blocks = [Some(self.rules.index_bound); 3];
+        let id = self.index.add_replica(spec).map_err(|e| e.to_string())?;
+        if let Err(e) = self.router.add_replica(id, ReplicaInfo::new(name, block_size)) {
+            let _ = self.index.remove_replica(id);
+            return Err(e.to_string());
+        }
+        let _ = self.router.set_health(id, Health::Down);
+        let mut status = ReplicaStatus::default();
+        if !has_events {
+            status.problem(
+                name,
+                "no KV event stream configured (events=tcp://…): routed by load only".into(),
+            );
+        }
+        let tracked = Tracked { name: name.to_owned(), block_size, has_events, status };
+        self.replicas.insert(id, tracked);
+        Ok(id)
+    }
+
+    /// Forgets a replica: its bookings are released, its index entries
+    /// dropped.
+    pub(crate) fn remove(&mut self, id: ReplicaId) {
+        let _ = self.router.remove_replica(id);
+        let _ = self.index.remove_replica(id);
+        self.replicas.remove(&id);
+    }
+
+    /// One routing decision (bookings included: a `Routed` carries its
+    /// booking, whose drop or finish releases it).
+    pub(crate) fn route(&mut self, req: &RouteRequest<'_>, now: Instant) -> Decision {
+        self.router.decide(req, &self.index, now)
+    }
+
+    /// Pushes `id`'s health to the router when it changed.
+    fn sync(&mut self, id: ReplicaId, now: Instant) {
+        let Some(t) = self.replicas.get(&id) else { return };
+        let h = t.status.health(now);
+        if self.router.replica(id).is_some_and(|(_, cur)| cur != h) {
+            let _ = self.router.set_health(id, h);
+            tracing::info!(replica = %t.name, health = h.name(), "replica health changed");
+        }
+    }
+
+    /// A probe answered `/health`; `scrape` is what its `/metrics` said.
+    /// Returns how many index blocks a smaller reported cache dropped.
+    pub(crate) fn probe_succeeded(
+        &mut self,
+        id: ReplicaId,
+        scrape: Result<EngineScrape, String>,
+        now: Instant,
+    ) -> u64 {
+        let rules = self.rules;
+        let Some(t) = self.replicas.get_mut(&id) else { return 0 };
+        let s = &mut t.status;
+        if !s.probe_ok {
+            tracing::info!(replica = %t.name, "replica in rotation");
+            if s.purged {
+                s.degraded =
+                    Some(("view purged while down; rebuilding".into(), now + rules.rebuild));
+                s.purged = false;
+            }
+        }
+        s.probe_ok = true;
+        s.ever_seen = true;
+        s.failures = 0;
+        s.down_since = None;
+        match &scrape {
+            Ok(e) => {
+                if let Some(bs) = e.block_size.filter(|&b| b != t.block_size) {
+                    let p = format!(
+                        "engine reports block_size {bs} but kvgate is configured with {}",
+                        t.block_size
+                    );
+                    s.problem(&t.name, p);
+                }
+                s.engine = Some(e.clone());
+            }
+            Err(err) => s.last_error = Some(err.clone()),
+        }
+        self.sync(id, now);
+        let Ok(e) = scrape else { return 0 };
+        let report = EngineReport {
+            running: e.running,
+            waiting: e.waiting,
+            kv_usage: e.kv_usage,
+            prefix_cache_queries: e.prefix_queries,
+            prefix_cache_hits: e.prefix_hits,
+            timing: e.timing,
+            at: now,
+        };
+        let mut resized = None;
+        if let (Some(cap), Some((info, _))) = (e.num_gpu_blocks, self.router.replica(id)) {
+            let cpu = e.num_cpu_blocks.unwrap_or(0);
+            if info.capacity_blocks[0] != cap || info.capacity_blocks[1] != cpu {
+                let mut info = info.clone();
+                info.capacity_blocks[0] = cap;
+                info.capacity_blocks[1] = cpu;
+                let _ = self.router.update_info(id, info);
+                resized = Some((cap, cpu));
+            }
+        }
+        let _ = self.router.report(id, report);
+        // The index's memory bound follows the engine's real size. A CPU
+        // tier the engine does not report (0: offloading connectors count
+        // their blocks elsewhere) keeps the configured bound.
+        let Some((gpu, cpu)) = resized else { return 0 };
+        let bound = rules.index_bound;
+        let cpu = if cpu > 0 { cpu } else { bound };
+        let dropped = self.index.set_capacity(id, [Some(gpu), Some(cpu), Some(bound)]).unwrap_or(0);
+        if dropped > 0 {
+            let name = self.replicas.get(&id).map_or("", |t| t.name.as_str());
+            tracing::warn!(
+                replica = name,
+                dropped,
+                capacity = gpu,
+                "the index held more blocks than the engine can; the oldest were dropped"
+            );
+        }
+        dropped
+    }
+
+    /// A probe or a request to `id` failed.
+    pub(crate) fn failed(&mut self, id: ReplicaId, error: String, failure: Failure, now: Instant) {
+        let rules = self.rules;
+        let Some(t) = self.replicas.get_mut(&id) else { return };
+        if t.status.fail(error, failure, &rules, now) {
+            match failure {
+                Failure::Unreachable => {
+                    tracing::warn!(replica = %t.name, "replica left rotation: connection refused")
+                }
+                Failure::Error => tracing::warn!(replica = %t.name, "replica left rotation"),
+            }
+        }
+        self.sync(id, now);
+        // A purge already due (a replica long down) starts now, not at the
+        // next tick.
+        self.purge_if_due(id, now);
+    }
+
+    /// Drain on or off: a draining replica gets no new requests; those in
+    /// flight finish.
+    pub(crate) fn set_draining(&mut self, id: ReplicaId, draining: bool, now: Instant) {
+        let Some(t) = self.replicas.get_mut(&id) else { return };
+        t.status.draining = draining;
+        self.sync(id, now);
+    }
+
+    /// Whether `id` has no request in flight (none booked).
+    pub(crate) fn idle(&self, id: ReplicaId) -> bool {
+        self.router
+            .load(id)
+            .is_none_or(|v| v.load.prefill_requests == 0 && v.load.decoding_requests == 0)
+    }
+
+    /// The LoRA adapters `id`'s engine lists now; returns whether they
+    /// changed.
+    pub(crate) fn set_adapters(&mut self, id: ReplicaId, adapters: Vec<String>) -> bool {
+        let Some(t) = self.replicas.get_mut(&id) else { return false };
+        if t.status.adapters == adapters {
+            return false;
+        }
+        tracing::info!(replica = %t.name, ?adapters, "LoRA adapters listed by the engine");
+        t.status.adapters = adapters;
+        true
+    }
+
+    /// Every adapter served: `declared` (every replica serves those), then
+    /// those the engines list, each once.
+    pub(crate) fn adapters(&self, declared: &[String]) -> Vec<String> {
+        let mut all = declared.to_vec();
+        for t in self.replicas.values() {
+            for a in &t.status.adapters {
+                if !all.contains(a) {
+                    all.push(a.clone());
+                }
+            }
+        }
+        all
+    }
+
+    /// The replicas that do not serve `adapter`: none for a base-model
+    /// request or a declared adapter; for an adapter learnt from the
+    /// engines, every replica whose engine does not list it.
+    pub(crate) fn without_adapter(
+        &self,
+        adapter: Option<&str>,
+        declared: &[String],
+    ) -> Vec<ReplicaId> {
+        let Some(adapter) = adapter else { return Vec::new() };
+        if declared.iter().any(|a| a == adapter) {
+            return Vec::new();
+        }
+        self.replicas
+            .iter()
+            .filter(|(_, t)| !t.status.adapters.iter().any(|a| a == adapter))
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Whether some replica's engine lists `model` as an adapter.
+    pub(crate) fn engine_serves_adapter(&self, model: &str) -> bool {
+        self.replicas.values().any(|t| t.status.adapters.iter().any(|a| a == model))
+    }
+
+    /// Applies one event batch of `id`'s.
+    pub(crate) fn apply_events(&mut self, id: ReplicaId, batch: &Batch, now: Instant) {
+        let outcome = self.index.apply_batch(id, batch, now);
+        let Some(t) = self.replicas.get_mut(&id) else { return };
+        t.status.events_seen = true;
+        if outcome.anomalies.block_size_mismatch > 0 {
+            let p = format!(
+                "its events carry a block size other than the configured {} \
+                 (set block_size to the engine's --block-size)",
+                t.block_size
+            );
+            t.status.problem(&t.name, p);
+        }
+    }
+
+    /// `id`'s view is lost (a reset, an undecodable batch, a restarted
+    /// feed): its entries are cleared (stepwise: see [`Fleet::clear_step`])
+    /// and it is degraded until the view has been rebuilt. Returns the
+    /// blocks being cleared.
+    pub(crate) fn view_lost(&mut self, id: ReplicaId, why: String, now: Instant) -> u64 {
+        let cleared = self.index.begin_clear(id).unwrap_or(0);
+        self.view_degraded(id, why, now);
+        cleared
+    }
+
+    /// `id`'s view may miss blocks: degraded until rebuilt.
+    pub(crate) fn view_degraded(&mut self, id: ReplicaId, why: String, now: Instant) {
+        let rebuild = self.rules.rebuild;
+        let Some(t) = self.replicas.get_mut(&id) else { return };
+        t.status.degraded = Some((why, now + rebuild));
+        self.sync(id, now);
+    }
+
+    /// `id`'s event subscriber finished its first sync.
+    pub(crate) fn view_synced(&mut self, id: ReplicaId, complete: bool) {
+        let Some(t) = self.replicas.get_mut(&id) else { return };
+        t.status.view_synced = true;
+        t.status.view_complete = complete;
+    }
+
+    /// Records a configuration problem of `id`'s (once).
+    pub(crate) fn problem(&mut self, id: ReplicaId, p: String) {
+        if let Some(t) = self.replicas.get_mut(&id) {
+            t.status.problem(&t.name, p);
+        }
+    }
+
+    /// Releases up to `budget` entries of a clear begun on `id`; returns
+    /// what is left and the spent table to drop outside the lock.
+    pub(crate) fn clear_step(&mut self, id: ReplicaId, budget: usize) -> (u64, Option<SpentTable>) {
+        self.index.clear_step(id, budget).unwrap_or((0, None))
+    }
+
+    /// The replicas with a clear in progress.
+    pub(crate) fn clearing(&self) -> Vec<ReplicaId> {
+        self.replicas.keys().copied().filter(|&id| self.index.clearing(id)).collect()
+    }
+
+    /// Time passes: the router's bookings and tentative blocks expire,
+    /// replicas out of rotation too long are purged, degraded windows that
+    /// ended end.
+    pub(crate) fn tick(&mut self, now: Instant) {
+        self.router.maintain(now, Some(&self.index));
+        let ids: Vec<ReplicaId> = self.replicas.keys().copied().collect();
+        for id in ids {
+            self.purge_if_due(id, now);
+            if let Some(t) = self.replicas.get_mut(&id) {
+                if t.status.degraded_until().is_some_and(|until| until <= now) {
+                    t.status.degraded = None;
+                }
+            }
+            self.sync(id, now);
+        }
+    }
+
+    /// The earliest instant at which [`Fleet::tick`] has something of the
+    /// fleet's own to do (a purge, the end of a degraded window). The
+    /// router's expiries are seconds long and need no exact deadline: the
+    /// driver also ticks on a short period.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let rules = &self.rules;
+        self.replicas
+            .values()
+            .flat_map(|t| [t.status.purge_due(rules), t.status.degraded_until()])
+            .flatten()
+            .min()
+    }
+
+    fn purge_if_due(&mut self, id: ReplicaId, now: Instant) {
+        let rules = self.rules;
+        let Some(t) = self.replicas.get_mut(&id) else { return };
+        if t.status.purge_due(&rules).is_some_and(|at| at <= now) {
+            let n = self.index.begin_clear(id).unwrap_or(0);
+            t.status.purged = true;
+            tracing::warn!(replica = %t.name, blocks = n, "purged the index entries of a replica out of rotation");
+        }
+    }
+
+    /// What `/ready` reports.
+    pub(crate) fn readiness(&self) -> Readiness {
+        let mut r = Readiness { replicas: self.replicas.len(), ..Readiness::default() };
+        for t in self.replicas.values() {
+            if !t.status.ever_seen {
+                r.not_seen.push(t.name.clone());
+            }
+            if t.has_events && !t.status.view_synced {
+                r.not_synced.push(t.name.clone());
+            }
+            if t.status.probe_ok {
+                r.in_rotation += 1;
+            }
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+#[path = "fleet/tests.rs"]
+mod tests;

@@ -1,0 +1,27 @@
+//! The one owner of fleet state: [`FleetHandle`] wraps the sans-IO
+//! [`Fleet`] in the gateway's only lock over it. Callers pass a closure that
+//! runs under the lock and returns owned values, so no guard can cross an
+//! `.await` (a closure cannot await) and no caller can take two locks in the
+//! wrong order (there is one).
+
+use std::sync::Mutex;
+
+use crate::fleet::Fleet;
+use crate::locks::lock;
+
+#[derive(Debug)]
+pub(crate) struct FleetHandle {
+    fleet: Mutex<Fleet>,
+}
+
+impl FleetHandle {
+    pub(crate) fn new(fleet: Fleet) -> FleetHandle {
+        FleetHandle { fleet: Mutex::new(fleet) }
+    }
+
+    /// Runs `f` on the fleet under its lock. Keep `f` short: every routing
+    /// decision and event batch waits for it.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Fleet) -> R) -> R {
+        f(&mut lock(&self.fleet))
+    }
+}
