@@ -10,11 +10,13 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
+use futures_util::StreamExt;
 use kvgate_index::ReplicaId;
 use kvgate_openai::ErrorResponse;
 use kvgate_router::{Decision, Outcome, RejectReason, RouteRequest, Routed};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::engine_client::{BodyStream, EngineRequest, EngineResponse, SendError};
 use crate::prepare::Prepared;
 use crate::relay::Relay;
 use crate::replica_status::Failure;
@@ -152,32 +154,28 @@ async fn send(
     p: &Prepared,
     replica: &Replica,
     fwd_headers: &[(header::HeaderName, HeaderValue)],
-) -> Result<reqwest::Response, (&'static str, ErrorResponse)> {
-    let mut rb = shared
-        .client
-        .post(replica.route_url(p.route).clone())
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(p.body_for(replica.config.passthrough));
-    for (n, v) in fwd_headers {
-        rb = rb.header(n, v);
-    }
-    if let Some(k) = &replica.config.api_key {
-        rb = rb.bearer_auth(k);
-    }
+) -> Result<EngineResponse, (&'static str, ErrorResponse)> {
+    let mut headers = fwd_headers.to_vec();
     if let Some(rank) = replica.config.dp_rank {
         // vLLM's server pins the request to this data-parallel engine
         // (`_get_data_parallel_rank` in entrypoints/generate/base/serving.py).
-        rb = rb.header("x-data-parallel-rank", rank);
+        headers.push((header::HeaderName::from_static("x-data-parallel-rank"), rank.into()));
     }
+    let req = EngineRequest {
+        url: replica.route_url(p.route).clone(),
+        body: p.body_for(replica.config.passthrough),
+        headers,
+        bearer: replica.config.api_key.clone(),
+    };
     let first_byte = Duration::from_millis(shared.config.limits.first_byte_timeout_ms);
-    let resp = match tokio::time::timeout(first_byte, rb.send()).await {
+    let resp = match tokio::time::timeout(first_byte, shared.engines.post(req)).await {
         Err(_) => {
             return Err((
                 "timeout",
                 ErrorResponse::timeout(format!("replica {} did not answer in time", replica.name)),
             ))
         }
-        Ok(Err(e)) if e.is_connect() => {
+        Ok(Err(SendError::Unreachable(e))) => {
             // Nothing listens there (refused, unreachable): the replica is
             // gone, not slow; take it out of rotation at once.
             let error = format!("connect failed: {e}");
@@ -187,7 +185,7 @@ async fn send(
                 ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name)),
             ));
         }
-        Ok(Err(e)) => {
+        Ok(Err(SendError::Failed(e))) => {
             return Err((
                 "connect",
                 ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name)),
@@ -195,10 +193,10 @@ async fn send(
         }
         Ok(Ok(r)) => r,
     };
-    if resp.status().is_server_error() {
-        let status = resp.status().as_u16();
+    if resp.status >= 500 {
+        let status = resp.status;
         // Enough of an engine's error body for its message, even if cut.
-        let body = read_up_to(resp, MAX_ERROR_BODY).await.map(|(b, _)| b).unwrap_or_default();
+        let body = read_up_to(resp.body, MAX_ERROR_BODY).await.map(|(b, _)| b).unwrap_or_default();
         return Err(("status_5xx", ErrorResponse::from_upstream(status, &body)));
     }
     Ok(resp)
@@ -210,12 +208,10 @@ const MAX_WHOLE_RESPONSE: usize = 256 << 20;
 
 /// Reads the body up to `max` bytes. `Ok((bytes, true))` when it all fit,
 /// `Ok((first max bytes, false))` when it did not; the rest is not read.
-async fn read_up_to(
-    mut resp: reqwest::Response,
-    max: usize,
-) -> Result<(bytes::Bytes, bool), reqwest::Error> {
+async fn read_up_to(mut body: BodyStream, max: usize) -> Result<(bytes::Bytes, bool), String> {
     let mut out = bytes::BytesMut::new();
-    while let Some(chunk) = resp.chunk().await? {
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk?;
         let room = max.saturating_sub(out.len());
         out.extend_from_slice(&chunk[..chunk.len().min(room)]);
         if chunk.len() > room {
@@ -226,18 +222,18 @@ async fn read_up_to(
 }
 
 /// The whole body, or an error past `max` bytes.
-async fn read_capped(resp: reqwest::Response, max: usize) -> Result<bytes::Bytes, String> {
-    match read_up_to(resp, max).await {
+async fn read_capped(body: BodyStream, max: usize) -> Result<bytes::Bytes, String> {
+    match read_up_to(body, max).await {
         Ok((body, true)) => Ok(body),
         Ok((_, false)) => Err(format!("response larger than {max} bytes")),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e),
     }
 }
 
-fn response_headers(shared: &Shared, replica: &Replica, upstream: &reqwest::Response) -> HeaderMap {
+fn response_headers(shared: &Shared, replica: &Replica, upstream: &HeaderMap) -> HeaderMap {
     let mut h = HeaderMap::new();
     for name in [header::CONTENT_TYPE, header::HeaderName::from_static("x-request-id")] {
-        if let Some(v) = upstream.headers().get(&name) {
+        if let Some(v) = upstream.get(&name) {
             h.insert(name, v.clone());
         }
     }
@@ -254,21 +250,21 @@ async fn respond(
     p: &Prepared,
     replica: Arc<Replica>,
     routed: Routed,
-    resp: reqwest::Response,
+    resp: EngineResponse,
     permit: OwnedSemaphorePermit,
     t0: Instant,
 ) -> Response {
-    let status = StatusCode::from_u16(resp.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
-    let headers = response_headers(&shared, &replica, &resp);
+    let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = response_headers(&shared, &replica, &resp.headers);
     let is_sse = resp
-        .headers()
+        .headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let label = p.route.label();
     if p.stream && status.is_success() && is_sse {
         shared.metrics.request(label, status.as_u16(), &replica.name);
-        let relay = Relay::new(shared, label, replica, routed.booking, resp, permit, t0);
+        let relay = Relay::new(shared, label, replica, routed.booking, resp.body, permit, t0);
         let mut r = Response::new(Body::from_stream(relay.into_stream()));
         *r.status_mut() = status;
         *r.headers_mut() = headers;
@@ -279,7 +275,7 @@ async fn respond(
     // sample is taken from it).
     let mut booking = routed.booking;
     let predicted = Duration::from_secs_f64(routed.predicted_ttft_s.clamp(0.0, 3600.0));
-    let body_fut = read_capped(resp, MAX_WHOLE_RESPONSE);
+    let body_fut = read_capped(resp.body, MAX_WHOLE_RESPONSE);
     tokio::pin!(body_fut);
     let body = tokio::select! {
         b = &mut body_fut => b,
@@ -316,3 +312,7 @@ async fn respond(
         }
     }
 }
+
+#[cfg(test)]
+#[path = "forward/tests.rs"]
+mod tests;

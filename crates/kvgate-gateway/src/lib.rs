@@ -12,6 +12,8 @@
 //! - `forward.rs`: decide, send, retry before the first byte, whole responses;
 //!   `admission.rs`: the first-come queue of requests waiting for a replica.
 //! - `relay.rs`: SSE streaming with first-token detection and error tails.
+//! - `engine_client.rs`: the seam to the engines (reqwest in production,
+//!   `engine_fake.rs` in unit tests).
 //! - `fleet.rs`, `replica_status.rs`: the sans-IO fleet core (index, router,
 //!   replica status, health rules, `tick`); `fleet_handle.rs`: its one lock.
 //! - `feed.rs`: one KV-event subscriber per replica into the fleet.
@@ -39,6 +41,9 @@ mod cluster_config;
 pub mod config;
 mod dashboard;
 mod discovery;
+mod engine_client;
+#[cfg(test)]
+mod engine_fake;
 mod error;
 mod feed;
 mod fleet;

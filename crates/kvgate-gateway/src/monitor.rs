@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::engine_client::SendError;
 use crate::replica_status::Failure;
 use crate::scrape::parse_rank_metrics;
 use crate::state::{Replica, Shared};
@@ -94,20 +95,10 @@ async fn get(
     path: &str,
     timeout: Duration,
 ) -> Result<String, Probe> {
-    let mut req = shared.client.get(format!("{}{path}", replica.base)).timeout(timeout);
-    if let Some(k) = &replica.config.api_key {
-        req = req.bearer_auth(k);
-    }
-    let failed = |e: reqwest::Error| Probe {
-        unreachable: e.is_connect(),
+    let url = format!("{}{path}", replica.base);
+    let bearer = replica.config.api_key.clone();
+    shared.engines.get(url, bearer, timeout).await.map_err(|e| Probe {
+        unreachable: matches!(e, SendError::Unreachable(_)),
         error: format!("GET {path}: {e}"),
-    };
-    let resp = req.send().await.map_err(failed)?;
-    if !resp.status().is_success() {
-        return Err(Probe {
-            error: format!("GET {path}: HTTP {}", resp.status()),
-            unreachable: false,
-        });
-    }
-    resp.text().await.map_err(failed)
+    })
 }

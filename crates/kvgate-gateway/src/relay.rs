@@ -15,12 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::stream::{BoxStream, Stream, StreamExt};
+use futures_util::stream::{Stream, StreamExt};
 use kvgate_openai::sse::{write_done, write_error};
 use kvgate_openai::{ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
 use kvgate_router::{Booking, Outcome};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::engine_client::BodyStream;
 use crate::replica_status::Failure;
 use crate::state::{Replica, Shared};
 
@@ -33,7 +34,7 @@ pub(crate) struct Relay {
     route: &'static str,
     replica: Arc<Replica>,
     booking: Option<Booking>,
-    upstream: BoxStream<'static, reqwest::Result<Bytes>>,
+    upstream: BodyStream,
     parser: SseParser,
     items: Vec<SseItem>,
     tap: StreamTap,
@@ -60,7 +61,7 @@ impl Relay {
         route: &'static str,
         replica: Arc<Replica>,
         booking: Booking,
-        resp: reqwest::Response,
+        upstream: BodyStream,
         permit: OwnedSemaphorePermit,
         t0: Instant,
     ) -> Relay {
@@ -70,7 +71,7 @@ impl Relay {
             route,
             replica,
             booking: Some(booking),
-            upstream: resp.bytes_stream().boxed(),
+            upstream,
             parser: SseParser::new(MAX_EVENT_BYTES),
             items: Vec::new(),
             tap: StreamTap::new(),

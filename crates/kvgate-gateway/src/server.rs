@@ -7,11 +7,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::fleet::Fleet;
-use crate::fleet_handle::FleetHandle;
-use crate::replica_status::HealthRules;
+use crate::engine_client::HttpEngines;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -24,18 +22,17 @@ use kvgate_tokenize::prefix_cache::PrefixCacheConfig;
 use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::ChatTokenizer;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
 use crate::config::GatewayConfig;
 use crate::error::StartError;
 use crate::locks::read;
-use crate::metrics::Metrics;
 use crate::response::error_response;
 use crate::route::Route;
 use crate::state::Shared;
-use crate::throttle::{ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
+use crate::throttle::{ClientAddr, KeyKind, KeyVerdict};
 use crate::{admin, api, registry};
 
 /// A running gateway.
@@ -250,21 +247,12 @@ impl Gateway {
         });
         let tokenizer = TokenizeService::new(Tokenize::new(tokenizer, cache), threads)
             .map_err(|e| StartError::Tokenizer(e.to_string()))?;
-        let mut router = kvgate_router::Router::new(config.router.clone(), Arc::default())
-            .map_err(|e| StartError::Config(crate::error::ConfigError::Invalid(e.to_string())))?;
-        // Any drop in a booking's load (first token, end, expiry...) wakes
-        // the head of the admission queue.
-        let admission = Arc::new(crate::admission::Admission::default());
-        let waiters = Arc::clone(&admission);
-        router.on_load_change(Arc::new(move || waiters.load_changed()));
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(config.limits.connect_timeout_ms))
             .tcp_nodelay(true)
             .pool_idle_timeout(Duration::from_secs(90))
             .build()
             .map_err(|e| StartError::Client(e.to_string()))?;
-        let block_size =
-            config.replicas.first().map_or(config.discovery.block_size, |r| r.block_size);
         let listener = bind(config.listen).await?;
         let admin_listener = match config.admin_listen {
             Some(a) => Some(bind(a).await?),
@@ -278,23 +266,8 @@ impl Gateway {
             Some(a) => Some(bind(a).await?),
             None => None,
         };
-        let (closing, _) = watch::channel(false);
-        let shared = Arc::new(Shared {
-            inflight: Arc::new(Semaphore::new(config.limits.max_concurrent_requests)),
-            admission,
-            connections: Arc::new(Semaphore::new(config.limits.max_connections)),
-            tokenizer: Arc::new(tokenizer),
-            fleet: FleetHandle::new(Fleet::new(router, HealthRules::from_config(&config))),
-            replicas: std::sync::RwLock::new(Vec::new()),
-            client,
-            metrics: Metrics::new(),
-            started: Instant::now(),
-            key_throttle: KeyThrottle::new(config.limits.key_failures_per_minute),
-            block_size,
-            closing,
-            peers: crate::peer_state::Peers::new(),
-            config,
-        });
+        let engines = Arc::new(HttpEngines::new(client.clone()));
+        let shared = Arc::new(Shared::new(config, Arc::new(tokenizer), engines, client)?);
         for r in shared.config.replicas.clone() {
             let name = r.display_name().to_owned();
             registry::add_ranks(&shared, r)

@@ -15,12 +15,18 @@ use kvgate_tokenize::service::TokenizeService;
 use tokio::sync::{watch, Semaphore};
 
 use crate::config::{GatewayConfig, ReplicaConfig};
+use kvgate_router::Router;
+
+use crate::admission::Admission;
+use crate::engine_client::EngineClient;
+use crate::error::{ConfigError, StartError};
 use crate::fleet::Fleet;
 use crate::fleet_handle::FleetHandle;
 use crate::locks::read;
 use crate::metrics::Metrics;
-use crate::replica_status::Failure;
+use crate::replica_status::{Failure, HealthRules};
 use crate::snapshot::{FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, ReplicaSnapshot};
+use crate::throttle::KeyThrottle;
 
 /// One configured replica at runtime.
 #[derive(Debug)]
@@ -67,6 +73,9 @@ pub(crate) struct Shared {
     /// fleet state (`fleet.rs`).
     pub(crate) fleet: FleetHandle,
     pub(crate) replicas: RwLock<Vec<Arc<Replica>>>,
+    /// HTTP to the engines (`HttpEngines`; a fake in unit tests).
+    pub(crate) engines: Arc<dyn EngineClient>,
+    /// HTTP to peer instances.
     pub(crate) client: reqwest::Client,
     pub(crate) metrics: Metrics,
     pub(crate) inflight: Arc<Semaphore>,
@@ -87,6 +96,43 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The state for `config` with no replica registered yet
+    /// (`registry::add` registers them and starts their tasks).
+    pub(crate) fn new(
+        config: GatewayConfig,
+        tokenizer: Arc<TokenizeService>,
+        engines: Arc<dyn EngineClient>,
+        client: reqwest::Client,
+    ) -> Result<Shared, StartError> {
+        let mut router = Router::new(config.router.clone(), Arc::default())
+            .map_err(|e| StartError::Config(ConfigError::Invalid(e.to_string())))?;
+        // Any drop in a booking's load (first token, end, expiry...) wakes
+        // the head of the admission queue.
+        let admission = Arc::new(Admission::default());
+        let waiters = Arc::clone(&admission);
+        router.on_load_change(Arc::new(move || waiters.load_changed()));
+        let block_size =
+            config.replicas.first().map_or(config.discovery.block_size, |r| r.block_size);
+        let (closing, _) = watch::channel(false);
+        Ok(Shared {
+            inflight: Arc::new(Semaphore::new(config.limits.max_concurrent_requests)),
+            admission,
+            connections: Arc::new(Semaphore::new(config.limits.max_connections)),
+            tokenizer,
+            fleet: FleetHandle::new(Fleet::new(router, HealthRules::from_config(&config))),
+            replicas: RwLock::new(Vec::new()),
+            engines,
+            client,
+            metrics: Metrics::new(),
+            started: Instant::now(),
+            key_throttle: KeyThrottle::new(config.limits.key_failures_per_minute),
+            block_size,
+            closing,
+            peers: crate::peer_state::Peers::new(),
+            config,
+        })
+    }
+
     /// The key check of one request, through the wrong-key throttle
     /// (`throttle::verdict` with this gateway's throttle and metrics).
     pub(crate) fn key_verdict(
