@@ -116,7 +116,7 @@ pub(crate) async fn add_replica(State(s): S, body: Bytes) -> Response {
     }
 }
 
-fn find(s: &Shared, name: &str) -> Result<Arc<crate::state::Replica>, Box<Response>> {
+fn find(s: &Shared, name: &str) -> Result<Arc<crate::replica::Replica>, Box<Response>> {
     s.replica_by_name(name).ok_or_else(|| {
         Box::new(error_response(&ErrorResponse::not_found(format!("no replica named {name:?}"))))
     })

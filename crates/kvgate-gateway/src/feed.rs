@@ -8,11 +8,14 @@ use std::time::{Duration, Instant};
 use kvgate_events::subscriber::{Subscriber, SubscriberConfig, Update};
 use tokio::sync::mpsc;
 
-use crate::state::{Replica, Shared};
+use kvgate_index::ReplicaId;
+
+use crate::fleet_handle::FleetHandle;
+use crate::replica::Replica;
 
 /// Runs the subscriber of `replica` until it is stopped. An error says why
 /// it ended otherwise (the supervisor restarts it).
-pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) -> Result<(), String> {
+pub(crate) async fn run(fleet: Arc<FleetHandle>, replica: Arc<Replica>) -> Result<(), String> {
     let Some(endpoint) = replica.config.events.clone() else { return Ok(()) };
     let mut cfg = SubscriberConfig::new(endpoint);
     cfg.replay_endpoint = replica.config.replay.clone();
@@ -28,11 +31,11 @@ pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) -> Result<()
     });
     while let Some(update) = rx.recv().await {
         let clears = matches!(update, Update::Reset { .. } | Update::DecodeError { .. });
-        apply(&shared, &replica, update);
+        apply(&fleet, &replica, update);
         if clears {
             // This task applies the replica's events, so none interleave
             // with the clear; other replicas' events and routing do.
-            finish_clear(&shared, &replica).await;
+            finish_clear(&fleet, replica.id).await;
         }
     }
     // The channel closes when the subscriber ends, for whatever reason.
@@ -55,10 +58,10 @@ const CLEAR_STEP: usize = 4_096;
 const CLEAR_PAUSE: Duration = Duration::from_millis(1);
 
 /// Releases a cleared view's old blocks in steps, pausing between them.
-pub(crate) async fn finish_clear(shared: &Shared, replica: &Replica) {
+pub(crate) async fn finish_clear(fleet: &FleetHandle, id: ReplicaId) {
     loop {
         // The statement ends the write guard; the spent table is freed after.
-        let (left, spent) = shared.fleet.with(|f| f.clear_step(replica.id, CLEAR_STEP));
+        let (left, spent) = fleet.with(|f| f.clear_step(id, CLEAR_STEP));
         drop(spent);
         if left == 0 {
             return;
@@ -67,27 +70,27 @@ pub(crate) async fn finish_clear(shared: &Shared, replica: &Replica) {
     }
 }
 
-fn apply(shared: &Shared, replica: &Replica, update: Update) {
+fn apply(fleet: &FleetHandle, replica: &Replica, update: Update) {
     let now = Instant::now();
     let id = replica.id;
     match update {
-        Update::Batch { batch, .. } => shared.fleet.with(|f| f.apply_events(id, &batch, now)),
+        Update::Batch { batch, .. } => fleet.with(|f| f.apply_events(id, &batch, now)),
         Update::Reset { reason } => {
             let why = format!("view reset: {reason}");
-            let cleared = shared.fleet.with(|f| f.view_lost(id, why, now));
+            let cleared = fleet.with(|f| f.view_lost(id, why, now));
             tracing::warn!(replica = %replica.name, %reason, cleared, "KV view reset");
         }
         Update::Degraded { reason } => {
             tracing::warn!(replica = %replica.name, %reason, "KV view degraded");
             let why = format!("view incomplete: {reason}");
-            shared.fleet.with(|f| f.view_degraded(id, why, now));
+            fleet.with(|f| f.view_degraded(id, why, now));
         }
         Update::DecodeError { seq, error } => {
             // Its events are lost; a lost removal would leave ghost blocks,
             // so the view is reset and rebuilt, and the problem is reported.
             let problem = format!("undecodable event batch (seq {seq}): {error}");
             let why = format!("event batch {seq} undecodable");
-            let cleared = shared.fleet.with(|f| {
+            let cleared = fleet.with(|f| {
                 f.problem(id, problem);
                 f.view_lost(id, why, now)
             });
@@ -101,7 +104,7 @@ fn apply(shared: &Shared, replica: &Replica, update: Update) {
         }
         Update::Connected => tracing::debug!(replica = %replica.name, "events connected"),
         Update::Synced { complete } => {
-            shared.fleet.with(|f| f.view_synced(id, complete));
+            fleet.with(|f| f.view_synced(id, complete));
             if complete {
                 tracing::info!(replica = %replica.name, "KV view synced from the engine's first event batch");
             } else {

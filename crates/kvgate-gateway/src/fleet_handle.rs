@@ -5,9 +5,14 @@
 //! wrong order (there is one).
 
 use std::sync::Mutex;
+use std::time::Instant;
+
+use kvgate_index::ReplicaId;
+use kvgate_router::{Decision, RouteRequest};
 
 use crate::fleet::Fleet;
 use crate::locks::lock;
+use crate::replica_status::Failure;
 
 #[derive(Debug)]
 pub(crate) struct FleetHandle {
@@ -23,5 +28,15 @@ impl FleetHandle {
     /// decision and event batch waits for it.
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Fleet) -> R) -> R {
         f(&mut lock(&self.fleet))
+    }
+
+    /// One routing decision ([`Fleet::route`]).
+    pub(crate) fn route(&self, req: &RouteRequest<'_>, now: Instant) -> Decision {
+        self.with(|f| f.route(req, now))
+    }
+
+    /// A request or probe to `id` failed ([`Fleet::failed`]).
+    pub(crate) fn failed(&self, id: ReplicaId, error: String, failure: Failure, now: Instant) {
+        self.with(|f| f.failed(id, error, failure, now));
     }
 }

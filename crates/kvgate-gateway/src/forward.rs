@@ -18,10 +18,11 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine_client::{BodyStream, EngineRequest, EngineResponse, SendError};
 use crate::prepare::Prepared;
-use crate::relay::Relay;
+use crate::relay::{Relay, RelayContext};
+use crate::replica::Replica;
 use crate::replica_status::Failure;
 use crate::response::{error_response, with_retry_after};
-use crate::state::{Replica, Shared};
+use crate::state::Shared;
 
 /// Largest engine error body read to relay its message, bytes.
 const MAX_ERROR_BODY: usize = 64 << 10;
@@ -66,7 +67,7 @@ pub(crate) async fn forward(
                 queued_since,
                 exclude: &exclude,
             };
-            shared.fleet.with(|f| f.route(&req, now))
+            shared.fleet.route(&req, now)
         };
         shared.metrics.decide_time(now.elapsed().as_secs_f64());
         if !matches!(decision, Decision::Wait { .. }) {
@@ -135,7 +136,7 @@ pub(crate) async fn forward(
                 routed.booking.finish(Outcome::Error);
                 tracing::warn!(replica = %replica.name, %reason, error = %err.error.message, "engine failed; trying another replica");
                 let error = err.error.message.clone();
-                shared.failed(&replica, error, Failure::Error, Instant::now());
+                shared.fleet.failed(replica.id, error, Failure::Error, Instant::now());
                 shared.metrics.retry(reason);
                 exclude.push(replica.id);
                 if exclude.len() - not_serving > max_retries as usize {
@@ -179,7 +180,7 @@ async fn send(
             // Nothing listens there (refused, unreachable): the replica is
             // gone, not slow; take it out of rotation at once.
             let error = format!("connect failed: {e}");
-            shared.failed(replica, error, Failure::Unreachable, Instant::now());
+            shared.fleet.failed(replica.id, error, Failure::Unreachable, Instant::now());
             return Err((
                 "connect",
                 ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name)),
@@ -264,7 +265,13 @@ async fn respond(
     let label = p.route.label();
     if p.stream && status.is_success() && is_sse {
         shared.metrics.request(label, status.as_u16(), &replica.name);
-        let relay = Relay::new(shared, label, replica, routed.booking, resp.body, permit, t0);
+        let ctx = RelayContext {
+            metrics: Arc::clone(&shared.metrics),
+            fleet: Arc::clone(&shared.fleet),
+            idle: Duration::from_millis(shared.config.limits.stream_idle_timeout_ms),
+            route: label,
+        };
+        let relay = Relay::new(ctx, replica, routed.booking, resp.body, permit, t0);
         let mut r = Response::new(Body::from_stream(relay.into_stream()));
         *r.status_mut() = status;
         *r.headers_mut() = headers;
@@ -302,7 +309,8 @@ async fn respond(
                 "replica {} failed while answering: {e}",
                 replica.name
             ));
-            shared.failed(&replica, err.error.message.clone(), Failure::Error, Instant::now());
+            let error = err.error.message.clone();
+            shared.fleet.failed(replica.id, error, Failure::Error, Instant::now());
             shared.metrics.request(label, err.status(), &replica.name);
             let mut r = error_response(&err);
             if let Some(v) = headers.get("x-kvgate-replica") {

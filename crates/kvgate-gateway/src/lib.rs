@@ -18,6 +18,8 @@
 //!   replica status, health rules, `tick`); `fleet_handle.rs`: its one lock.
 //! - `feed.rs`: one KV-event subscriber per replica into the fleet.
 //! - `monitor.rs`, `scrape.rs`: health probes and `/metrics` scraping.
+//! - `directory.rs`, `replica.rs`: the replica directory (lock-free reads)
+//!   and one replica's shell side.
 //! - `registry.rs`: adding, draining and removing replicas; `supervise.rs`:
 //!   their tasks restarted (and the replica made safe) when one ends.
 //! - `admin.rs`: `/admin/replicas`, `/admin/decisions`.
@@ -40,6 +42,7 @@ mod auth;
 mod cluster_config;
 pub mod config;
 mod dashboard;
+mod directory;
 mod discovery;
 mod engine_client;
 #[cfg(test)]
@@ -57,6 +60,7 @@ mod peers;
 mod prepare;
 mod registry;
 mod relay;
+mod replica;
 mod replica_status;
 mod response;
 mod route;

@@ -3,18 +3,10 @@
 //! panic elsewhere mid-update leaves data that is still usable; answering
 //! every later request with a panic would be worse.
 
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard};
 
 /// Locks a mutex; poison only means another thread panicked mid-update of
 /// plain counters, so the data is still usable.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-pub(crate) fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    m.read().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-pub(crate) fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    m.write().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

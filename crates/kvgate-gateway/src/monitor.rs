@@ -7,14 +7,25 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::engine_client::SendError;
+use crate::config::MonitorConfig;
+use crate::engine_client::{EngineClient, SendError};
+use crate::fleet_handle::FleetHandle;
+use crate::replica::Replica;
 use crate::replica_status::Failure;
 use crate::scrape::parse_rank_metrics;
-use crate::state::{Replica, Shared};
+
+/// What a monitor needs: the engines to probe, the fleet to tell, and
+/// `[monitor]`.
+#[derive(Clone, Debug)]
+pub(crate) struct Prober {
+    pub(crate) engines: Arc<dyn EngineClient>,
+    pub(crate) fleet: Arc<FleetHandle>,
+    pub(crate) config: MonitorConfig,
+}
 
 /// Probes `replica` until it is stopped.
-pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) {
-    let m = &shared.config.monitor;
+pub(crate) async fn run(prober: Prober, replica: Arc<Replica>) {
+    let m = &prober.config;
     let mut tick = tokio::time::interval(Duration::from_millis(
         m.health_interval_ms.min(m.metrics_interval_ms),
     ));
@@ -26,10 +37,10 @@ pub(crate) async fn run(shared: Arc<Shared>, replica: Arc<Replica>) {
             _ = tick.tick() => {}
             _ = async { let _ = stop.wait_for(|v| *v).await; } => return,
         }
-        probe_once(&shared, &replica).await;
-        let up = shared.fleet.with(|f| f.status(replica.id).is_some_and(|s| s.probe_ok));
+        probe_once(&prober, &replica).await;
+        let up = prober.fleet.with(|f| f.status(replica.id).is_some_and(|s| s.probe_ok));
         if up && adapters_at.is_none_or(|at| at.elapsed() >= ADAPTER_REFRESH) {
-            refresh_adapters(&shared, &replica).await;
+            refresh_adapters(&prober, &replica).await;
             adapters_at = Some(Instant::now());
         }
     }
@@ -42,42 +53,42 @@ pub(crate) const ADAPTER_REFRESH: Duration = Duration::from_secs(10);
 /// Reads the engine's LoRA adapters from `/v1/models`: vLLM lists each one
 /// as a card whose `parent` is the base model. A failed or odd answer keeps
 /// the last list (the probe reports the replica's health).
-async fn refresh_adapters(shared: &Shared, replica: &Replica) {
-    let timeout = Duration::from_millis(shared.config.monitor.probe_timeout_ms);
-    let Ok(text) = get(shared, replica, "/v1/models", timeout).await else { return };
+async fn refresh_adapters(prober: &Prober, replica: &Replica) {
+    let timeout = Duration::from_millis(prober.config.probe_timeout_ms);
+    let Ok(text) = get(prober, replica, "/v1/models", timeout).await else { return };
     let Ok(list) = serde_json::from_str::<kvgate_openai::ModelList>(&text) else {
         tracing::debug!(replica = %replica.name, "/v1/models is not a model list");
         return;
     };
     let adapters: Vec<String> =
         list.data.into_iter().filter(|card| card.parent.is_some()).map(|card| card.id).collect();
-    shared.fleet.with(|f| f.set_adapters(replica.id, adapters));
+    prober.fleet.with(|f| f.set_adapters(replica.id, adapters));
 }
 
 /// One probe: `/health`, then `/metrics`.
-pub(crate) async fn probe_once(shared: &Shared, replica: &Replica) {
-    let timeout = Duration::from_millis(shared.config.monitor.probe_timeout_ms);
-    let mut health = get(shared, replica, "/health", timeout).await;
+async fn probe_once(prober: &Prober, replica: &Replica) {
+    let timeout = Duration::from_millis(prober.config.probe_timeout_ms);
+    let mut health = get(prober, replica, "/health", timeout).await;
     if matches!(&health, Err(Probe { unreachable: false, .. })) {
         // A kept-alive connection to a process that just died fails
         // without a connect error; one fresh attempt tells a dead engine
         // (refused: out of rotation at once) from a failing one.
-        health = get(shared, replica, "/health", timeout).await;
+        health = get(prober, replica, "/health", timeout).await;
     }
     let now = Instant::now();
     match health {
         Ok(_) => {
-            let metrics = get(shared, replica, "/metrics", timeout).await;
+            let metrics = get(prober, replica, "/metrics", timeout).await;
             let rank = replica.config.dp_rank;
             let scrape = metrics.map_err(|p| p.error).and_then(|t| parse_rank_metrics(&t, rank));
-            shared.fleet.with(|f| f.probe_succeeded(replica.id, scrape, now));
+            prober.fleet.with(|f| f.probe_succeeded(replica.id, scrape, now));
         }
         // Nothing listens (refused, unreachable): out of rotation at once,
         // as a refused request does; other failures count toward
         // `unhealthy_after`.
         Err(Probe { error, unreachable }) => {
             let failure = if unreachable { Failure::Unreachable } else { Failure::Error };
-            shared.failed(replica, error, failure, now);
+            prober.fleet.failed(replica.id, error, failure, now);
         }
     }
 }
@@ -90,14 +101,14 @@ struct Probe {
 }
 
 async fn get(
-    shared: &Shared,
+    prober: &Prober,
     replica: &Replica,
     path: &str,
     timeout: Duration,
 ) -> Result<String, Probe> {
     let url = format!("{}{path}", replica.base);
     let bearer = replica.config.api_key.clone();
-    shared.engines.get(url, bearer, timeout).await.map_err(|e| Probe {
+    prober.engines.get(url, bearer, timeout).await.map_err(|e| Probe {
         unreachable: matches!(e, SendError::Unreachable(_)),
         error: format!("GET {path}: {e}"),
     })

@@ -9,8 +9,9 @@ use kvgate_events::subscriber::SubscriberMetrics;
 use tokio::sync::watch;
 
 use crate::config::ReplicaConfig;
-use crate::locks::{read, write};
-use crate::state::{Replica, Shared};
+use crate::monitor::Prober;
+use crate::replica::Replica;
+use crate::state::Shared;
 use crate::supervise::{self, Task};
 
 /// Registers every entry `cfg` stands for (one per data-parallel rank, see
@@ -45,7 +46,7 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
         ));
     }
     let same = |r: &Replica| (r.base == base && r.config.dp_rank == cfg.dp_rank) || r.name == name;
-    if read(&shared.replicas).iter().any(|r| same(r)) {
+    if shared.replicas.any(same) {
         return Err(format!("replica {name} is already registered"));
     }
     let route_urls = Replica::parse_route_urls(&base)?;
@@ -63,13 +64,25 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
         routed: AtomicU64::new(0),
         stop,
     });
-    write(&shared.replicas).push(Arc::clone(&replica));
+    shared.replicas.add(Arc::clone(&replica));
+    let (fleet, metrics) = (&shared.fleet, &shared.metrics);
     if replica.config.events.is_some() {
-        supervise::spawn_replica_task(shared, &replica, Task::Feed, crate::feed::run);
+        let feed_fleet = Arc::clone(fleet);
+        supervise::spawn_replica_task(fleet, metrics, &replica, Task::Feed, move |r| {
+            crate::feed::run(Arc::clone(&feed_fleet), r)
+        });
     }
-    supervise::spawn_replica_task(shared, &replica, Task::Monitor, |s, r| async move {
-        crate::monitor::run(s, r).await;
-        Ok(())
+    let prober = Prober {
+        engines: Arc::clone(&shared.engines),
+        fleet: Arc::clone(fleet),
+        config: shared.config.monitor.clone(),
+    };
+    supervise::spawn_replica_task(fleet, metrics, &replica, Task::Monitor, move |r| {
+        let prober = prober.clone();
+        async move {
+            crate::monitor::run(prober, r).await;
+            Ok(())
+        }
     });
     tracing::info!(
         replica = %replica.name,
@@ -93,6 +106,6 @@ pub(crate) fn drain(shared: &Shared, replica: &Replica) {
 pub(crate) fn remove(shared: &Shared, replica: &Replica) {
     let _ = replica.stop.send(true);
     shared.fleet.with(|f| f.remove(replica.id));
-    write(&shared.replicas).retain(|r| r.id != replica.id);
+    shared.replicas.remove(replica.id);
     tracing::info!(replica = %replica.name, "replica removed");
 }

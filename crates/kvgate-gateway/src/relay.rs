@@ -22,15 +22,29 @@ use kvgate_router::{Booking, Outcome};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine_client::BodyStream;
+use crate::fleet_handle::FleetHandle;
+use crate::metrics::Metrics;
+use crate::replica::Replica;
 use crate::replica_status::Failure;
-use crate::state::{Replica, Shared};
 
 /// Largest single SSE event the tap parses (bigger events pass through but
 /// are not inspected).
 const MAX_EVENT_BYTES: usize = 4 << 20;
 
+/// Where a relay reports, and its rules: the metrics, the fleet (a broken
+/// stream counts against its replica), the stall limit, the route's label.
+#[derive(Debug)]
+pub(crate) struct RelayContext {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) fleet: Arc<FleetHandle>,
+    /// `limits.stream_idle_timeout_ms`.
+    pub(crate) idle: Duration,
+    pub(crate) route: &'static str,
+}
+
 pub(crate) struct Relay {
-    shared: Arc<Shared>,
+    metrics: Arc<Metrics>,
+    fleet: Arc<FleetHandle>,
     route: &'static str,
     replica: Arc<Replica>,
     booking: Option<Booking>,
@@ -57,17 +71,17 @@ impl std::fmt::Debug for Relay {
 
 impl Relay {
     pub(crate) fn new(
-        shared: Arc<Shared>,
-        route: &'static str,
+        ctx: RelayContext,
         replica: Arc<Replica>,
         booking: Booking,
         upstream: BodyStream,
         permit: OwnedSemaphorePermit,
         t0: Instant,
     ) -> Relay {
-        let idle = Duration::from_millis(shared.config.limits.stream_idle_timeout_ms);
+        let RelayContext { metrics, fleet, idle, route } = ctx;
         Relay {
-            shared,
+            metrics,
+            fleet,
             route,
             replica,
             booking: Some(booking),
@@ -140,9 +154,7 @@ impl Relay {
             if let Some(b) = self.booking.as_mut() {
                 b.first_token(now);
             }
-            self.shared
-                .metrics
-                .ttft(self.route, now.saturating_duration_since(self.t0).as_secs_f64());
+            self.metrics.ttft(self.route, now.saturating_duration_since(self.t0).as_secs_f64());
         }
     }
 
@@ -152,13 +164,13 @@ impl Relay {
         if let Some(b) = self.booking.take() {
             b.finish(outcome);
         }
-        self.shared.metrics.e2e(self.route, self.t0.elapsed().as_secs_f64());
+        self.metrics.e2e(self.route, self.t0.elapsed().as_secs_f64());
         let Some((reason, e)) = error else { return Bytes::new() };
-        self.shared.metrics.stream_error(reason);
+        self.metrics.stream_error(reason);
         // A stalled or broken engine stream counts against the replica like
         // a failed request: enough in a row take it out of rotation.
         let error = e.error.message.clone();
-        self.shared.failed(&self.replica, error, Failure::Error, Instant::now());
+        self.fleet.failed(self.replica.id, error, Failure::Error, Instant::now());
         tracing::warn!(replica = %self.replica.name, reason, error = %e.error.message, "stream ended with an error");
         let mut out = Vec::new();
         // Terminate a partial event first, so the error parses on its own.
@@ -176,7 +188,7 @@ impl Drop for Relay {
         if let Some(b) = self.booking.take() {
             // The client went away mid-stream.
             b.finish(Outcome::Cancelled);
-            self.shared.metrics.stream_error("client_disconnect");
+            self.metrics.stream_error("client_disconnect");
         }
     }
 }

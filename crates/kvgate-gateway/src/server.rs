@@ -28,7 +28,6 @@ use tower::ServiceExt;
 
 use crate::config::GatewayConfig;
 use crate::error::StartError;
-use crate::locks::read;
 use crate::response::error_response;
 use crate::route::Route;
 use crate::state::Shared;
@@ -302,7 +301,7 @@ impl Gateway {
                 .with_state(Arc::clone(&shared));
             servers.push(serve(l, p, &shared, stop_rx.clone()));
         }
-        servers.push(tokio::spawn(crate::upkeep::run(Arc::clone(&shared), stop_rx.clone())));
+        servers.push(tokio::spawn(crate::upkeep::run(Arc::clone(&shared.fleet), stop_rx.clone())));
         if shared.config.peers.enabled() {
             servers.push(tokio::spawn(crate::peers::run(Arc::clone(&shared), stop_rx.clone())));
         }
@@ -353,7 +352,7 @@ impl Gateway {
 
     /// Replica names in registration order.
     pub fn replica_names(&self) -> Vec<String> {
-        read(&self.shared.replicas).iter().map(|r| r.name.clone()).collect()
+        self.shared.replicas.all().iter().map(|r| r.name.clone()).collect()
     }
 
     /// Graceful shutdown: new requests get 503, listeners stop accepting,
@@ -371,7 +370,7 @@ impl Gateway {
             Ok(_) => 0,
             Err(_) => max.saturating_sub(self.shared.inflight.available_permits()),
         };
-        for r in read(&self.shared.replicas).iter() {
+        for r in self.shared.replicas.all().iter() {
             let _ = r.stop.send(true);
         }
         for s in self.servers {

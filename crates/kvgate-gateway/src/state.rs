@@ -5,64 +5,28 @@
 //! [`FleetHandle`], taken through closures: none is held across an `.await`.
 //! The replica list is a separate `RwLock`, never taken inside the fleet's.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
-use kvgate_events::subscriber::SubscriberMetrics;
 use kvgate_index::{ReplicaId, Tier};
 use kvgate_tokenize::service::TokenizeService;
 use tokio::sync::{watch, Semaphore};
 
-use crate::config::{GatewayConfig, ReplicaConfig};
+use crate::config::GatewayConfig;
 use kvgate_router::Router;
 
 use crate::admission::Admission;
+use crate::directory::Directory;
 use crate::engine_client::EngineClient;
 use crate::error::{ConfigError, StartError};
 use crate::fleet::Fleet;
 use crate::fleet_handle::FleetHandle;
-use crate::locks::read;
 use crate::metrics::Metrics;
-use crate::replica_status::{Failure, HealthRules};
+use crate::replica::Replica;
+use crate::replica_status::HealthRules;
 use crate::snapshot::{FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, ReplicaSnapshot};
 use crate::throttle::KeyThrottle;
-
-/// One configured replica at runtime.
-#[derive(Debug)]
-pub(crate) struct Replica {
-    pub(crate) id: ReplicaId,
-    pub(crate) config: ReplicaConfig,
-    pub(crate) name: String,
-    /// The URL without a trailing slash.
-    pub(crate) base: String,
-    /// The engine's chat and completions URLs, parsed once (parsing a URL
-    /// per request was 3 % of a short request's CPU).
-    pub(crate) route_urls: [reqwest::Url; 2],
-    pub(crate) events: Arc<SubscriberMetrics>,
-    pub(crate) routed: AtomicU64,
-    /// Stops this replica's tasks (subscriber, monitor) when set.
-    pub(crate) stop: watch::Sender<bool>,
-}
-
-impl Replica {
-    /// `base` + each route's path, parsed.
-    pub(crate) fn parse_route_urls(base: &str) -> Result<[reqwest::Url; 2], String> {
-        let parse = |route: crate::route::Route| {
-            reqwest::Url::parse(&format!("{base}{}", route.path()))
-                .map_err(|e| format!("invalid URL {base}: {e}"))
-        };
-        Ok([parse(crate::route::Route::Chat)?, parse(crate::route::Route::Completions)?])
-    }
-
-    /// The engine URL for `route`.
-    pub(crate) fn route_url(&self, route: crate::route::Route) -> &reqwest::Url {
-        match route {
-            crate::route::Route::Chat => &self.route_urls[0],
-            crate::route::Route::Completions => &self.route_urls[1],
-        }
-    }
-}
 
 /// Everything the handlers share.
 #[derive(Debug)]
@@ -71,13 +35,14 @@ pub(crate) struct Shared {
     pub(crate) tokenizer: Arc<TokenizeService>,
     /// The index, the router and every replica's status: the one owner of
     /// fleet state (`fleet.rs`).
-    pub(crate) fleet: FleetHandle,
-    pub(crate) replicas: RwLock<Vec<Arc<Replica>>>,
+    pub(crate) fleet: Arc<FleetHandle>,
+    /// Who the replicas are and how to reach them, read lock-free.
+    pub(crate) replicas: Directory,
     /// HTTP to the engines (`HttpEngines`; a fake in unit tests).
     pub(crate) engines: Arc<dyn EngineClient>,
     /// HTTP to peer instances.
     pub(crate) client: reqwest::Client,
-    pub(crate) metrics: Metrics,
+    pub(crate) metrics: Arc<Metrics>,
     pub(crate) inflight: Arc<Semaphore>,
     /// Requests waiting for a replica to stop being busy, first come first
     /// served.
@@ -119,11 +84,14 @@ impl Shared {
             admission,
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
             tokenizer,
-            fleet: FleetHandle::new(Fleet::new(router, HealthRules::from_config(&config))),
-            replicas: RwLock::new(Vec::new()),
+            fleet: Arc::new(FleetHandle::new(Fleet::new(
+                router,
+                HealthRules::from_config(&config),
+            ))),
+            replicas: Directory::default(),
             engines,
             client,
-            metrics: Metrics::new(),
+            metrics: Arc::new(Metrics::new()),
             started: Instant::now(),
             key_throttle: KeyThrottle::new(config.limits.key_failures_per_minute),
             block_size,
@@ -146,7 +114,7 @@ impl Shared {
     }
 
     pub(crate) fn replica(&self, id: ReplicaId) -> Option<Arc<Replica>> {
-        read(&self.replicas).iter().find(|r| r.id == id).cloned()
+        self.replicas.get(id)
     }
 
     /// Every LoRA adapter served: the configured ones, then those the
@@ -166,17 +134,12 @@ impl Shared {
     }
 
     pub(crate) fn replica_by_name(&self, name: &str) -> Option<Arc<Replica>> {
-        read(&self.replicas).iter().find(|r| r.name == name || r.base == name).cloned()
-    }
-
-    /// Records a failed request or probe ([`Fleet::failed`]).
-    pub(crate) fn failed(&self, replica: &Replica, error: String, failure: Failure, now: Instant) {
-        self.fleet.with(|f| f.failed(replica.id, error, failure, now));
+        self.replicas.by_name(name)
     }
 
     /// Builds the snapshot for metrics and the admin API.
     pub(crate) fn snapshot(&self, now: Instant) -> FleetSnapshot {
-        let replicas = read(&self.replicas).clone();
+        let replicas = self.replicas.all();
         let (peers, peer_targets) = self.peers.snapshot(now);
         self.fleet.with(|fleet| self.snapshot_of(fleet, &replicas, peers, peer_targets, now))
     }

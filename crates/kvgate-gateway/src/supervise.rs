@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::state::{Replica, Shared};
+use crate::fleet_handle::FleetHandle;
+use crate::metrics::Metrics;
+use crate::replica::Replica;
 
 /// The first wait before a restart.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -90,17 +92,18 @@ where
 /// Starts `task` for `replica` under [`spawn`]: each unexpected end is
 /// logged, counted, and makes the replica safe without the task.
 pub(crate) fn spawn_replica_task<F, Fut>(
-    shared: &Arc<Shared>,
+    fleet: &Arc<FleetHandle>,
+    metrics: &Arc<Metrics>,
     replica: &Arc<Replica>,
     task: Task,
     make: F,
 ) where
-    F: Fn(Arc<Shared>, Arc<Replica>) -> Fut + Send + 'static,
+    F: Fn(Arc<Replica>) -> Fut + Send + 'static,
     Fut: Future<Output = Result<(), String>> + Send + 'static,
 {
-    let (s, r) = (Arc::clone(shared), Arc::clone(replica));
+    let (fleet, metrics, r) = (Arc::clone(fleet), Arc::clone(metrics), Arc::clone(replica));
     let on_end = move |why: &str, wait: Duration| {
-        s.metrics.task_restarted(task.label());
+        metrics.task_restarted(task.label());
         tracing::warn!(
             replica = %r.name,
             task = task.label(),
@@ -108,14 +111,14 @@ pub(crate) fn spawn_replica_task<F, Fut>(
             restart_in_ms = wait.as_millis() as u64,
             "replica task ended unexpectedly; restarting"
         );
-        safe_without(&s, &r, task, why);
+        safe_without(&fleet, &r, task, why);
     };
-    let (s, r) = (Arc::clone(shared), Arc::clone(replica));
-    drop(spawn(replica.stop.subscribe(), on_end, move || make(Arc::clone(&s), Arc::clone(&r))));
+    let r = Arc::clone(replica);
+    drop(spawn(replica.stop.subscribe(), on_end, move || make(Arc::clone(&r))));
 }
 
 /// Puts `replica` in the state that is safe while `task` is not running.
-fn safe_without(shared: &Shared, replica: &Replica, task: Task, why: &str) {
+fn safe_without(fleet: &FleetHandle, replica: &Replica, task: Task, why: &str) {
     match task {
         Task::Feed => {
             // Events were lost between the end and the restart; a lost
@@ -124,7 +127,7 @@ fn safe_without(shared: &Shared, replica: &Replica, task: Task, why: &str) {
             let now = Instant::now();
             // Stepwise: upkeep finishes it.
             let why = format!("event feed restarted ({why})");
-            let cleared = shared.fleet.with(|f| f.view_lost(replica.id, why, now));
+            let cleared = fleet.with(|f| f.view_lost(replica.id, why, now));
             tracing::info!(replica = %replica.name, cleared, "KV view cleared until the feed rebuilds it");
         }
         // A restarted monitor probes at once; until then the last verdict

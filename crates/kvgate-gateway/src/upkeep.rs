@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::locks::read;
-use crate::state::Shared;
+use crate::fleet_handle::FleetHandle;
 
 /// The longest the driver sleeps. Bookings and tentative blocks live for
 /// seconds (`router.tentative_ttl_ms`, the ledger's expiry), so a quarter
@@ -23,29 +22,23 @@ use crate::state::Shared;
 pub(crate) const PERIOD: Duration = Duration::from_millis(250);
 
 /// Runs until `stop` turns true.
-pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn run(fleet: Arc<FleetHandle>, mut stop: watch::Receiver<bool>) {
     loop {
         let now = Instant::now();
-        let wake =
-            shared.fleet.with(|f| f.next_deadline()).map_or(now + PERIOD, |d| d.min(now + PERIOD));
+        let wake = fleet.with(|f| f.next_deadline()).map_or(now + PERIOD, |d| d.min(now + PERIOD));
         tokio::select! {
             _ = tokio::time::sleep_until(wake.max(now).into()) => {}
             _ = stop.wait_for(|v| *v) => return,
         }
-        let clearing = shared.fleet.with(|f| {
+        let clearing = fleet.with(|f| {
             f.tick(Instant::now());
             f.clearing()
         });
         // Clears begun outside a feed task are finished here, in steps. A
         // replica whose feed runs finishes its own (feed.rs); doing it here
         // too is harmless, as each step takes what is left.
-        let replicas: Vec<_> = read(&shared.replicas)
-            .iter()
-            .filter(|r| clearing.contains(&r.id))
-            .map(Arc::clone)
-            .collect();
-        for replica in replicas {
-            crate::feed::finish_clear(&shared, &replica).await;
+        for id in clearing {
+            crate::feed::finish_clear(&fleet, id).await;
         }
     }
 }

@@ -15,7 +15,6 @@ use kvgate_tokenize::ChatTokenizer;
 use super::forward;
 use crate::config::{GatewayConfig, ReplicaConfig};
 use crate::engine_fake::{one_token_stream, Answer, End, FakeEngines};
-use crate::locks::read;
 use crate::state::Shared;
 
 const TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"text\":\"hi\"}]}\n\n";
@@ -45,7 +44,7 @@ async fn gateway(
     for r in shared.config.replicas.clone() {
         crate::registry::add_ranks(&shared, r).expect("replica");
     }
-    let want = read(&shared.replicas).len();
+    let want = shared.replicas.all().len();
     for _ in 0..400 {
         if shared.fleet.with(|f| f.readiness().in_rotation) == want {
             return (shared, fake);
@@ -78,7 +77,7 @@ fn metrics(shared: &Shared) -> String {
 }
 
 /// The replica named by its engine's URL.
-fn replica(shared: &Shared, engine: &str) -> Arc<crate::state::Replica> {
+fn replica(shared: &Shared, engine: &str) -> Arc<crate::replica::Replica> {
     shared.replica_by_name(&format!("http://{engine}")).expect("replica")
 }
 

@@ -1,0 +1,82 @@
+//! The gateway's "one owner of fleet state" invariant (ARCHITECTURE.md,
+//! issue 19), checked on its sources: fleet state changes only inside the
+//! fleet core, the request path sees only the handle's named methods, and
+//! the replica directory is read without a lock.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+
+fn gateway_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../kvgate-gateway/src")
+}
+
+/// Every `.rs` file under the gateway's `src/`, as (path relative to `src/`, text).
+fn sources() -> Vec<(String, String)> {
+    fn walk(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, root, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let rel = p.strip_prefix(root).unwrap().to_string_lossy().replace('\\', "/");
+                out.push((rel, std::fs::read_to_string(&p).unwrap()));
+            }
+        }
+    }
+    let root = gateway_src();
+    let mut out = Vec::new();
+    walk(&root, &root, &mut out);
+    assert!(out.len() > 20, "found only {} files under {}", out.len(), root.display());
+    out
+}
+
+/// Lines of `text` that contain `needle` outside `//` comments.
+fn uses(text: &str, needle: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.split("//").next().is_some_and(|code| code.contains(needle)))
+        .map(|l| l.trim().to_owned())
+        .collect()
+}
+
+#[test]
+fn only_the_fleet_core_changes_replica_health() {
+    let core = ["fleet.rs", "replica_status.rs", "fleet/tests.rs"];
+    let mut found = Vec::new();
+    for (file, text) in sources() {
+        if core.contains(&file.as_str()) {
+            continue;
+        }
+        for field in [".probe_ok =", ".degraded =", ".draining =", ".purged ="] {
+            for line in uses(&text, field) {
+                found.push(format!("{file}: {line}"));
+            }
+        }
+        for call in ["set_health(", "begin_clear(", "apply_batch(", ".decide("] {
+            for line in uses(&text, call) {
+                found.push(format!("{file}: {line}"));
+            }
+        }
+    }
+    assert!(found.is_empty(), "fleet state changed outside fleet.rs:\n{}", found.join("\n"));
+}
+
+#[test]
+fn the_request_path_sees_handles_never_the_fleet() {
+    for (file, text) in sources() {
+        if !["prepare.rs", "forward.rs", "relay.rs"].contains(&file.as_str()) {
+            continue;
+        }
+        let direct = uses(&text, "fleet.with(");
+        assert!(direct.is_empty(), "{file} reaches into the fleet: {direct:?}");
+        assert!(uses(&text, "Fleet;").is_empty(), "{file} imports the fleet core");
+    }
+}
+
+#[test]
+fn no_gateway_state_sits_behind_a_read_write_lock() {
+    for (file, text) in sources() {
+        let locks = uses(&text, "RwLock");
+        assert!(locks.is_empty(), "{file}: {locks:?} (the replica directory is an ArcSwap)");
+    }
+}
