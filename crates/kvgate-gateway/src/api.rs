@@ -16,7 +16,8 @@ use serde_json::{json, Value};
 use crate::forward::forward;
 
 use crate::prepare;
-use crate::response::{error_response, with_retry_after};
+use crate::request_error::{Reason, RequestError};
+use crate::response::{answer, error_response};
 use crate::route::Route;
 use crate::state::Shared;
 
@@ -38,15 +39,14 @@ async fn generate(s: Arc<Shared>, route: Route, headers: HeaderMap, body: Bytes)
     let t0 = Instant::now();
     let label = route.label();
     if *s.closing.borrow() {
-        s.metrics.request(label, 503, "");
-        return error_response(&ErrorResponse::unavailable("kvgate is shutting down"));
+        let e = ErrorResponse::unavailable("kvgate is shutting down");
+        return answer(&s.metrics, label, "", &RequestError::new(Reason::ShuttingDown, e));
     }
     let Ok(permit) = Arc::clone(&s.inflight).try_acquire_owned() else {
         // Shed at once rather than queue without bound; clients back off.
-        s.metrics.rejected("overloaded");
-        s.metrics.request(label, 429, "");
         let e = ErrorResponse::rate_limited("too many requests in flight; retry later");
-        return with_retry_after(error_response(&e), Duration::from_secs(1));
+        let e = RequestError::new(Reason::Overloaded, e).retry_after(Duration::from_secs(1));
+        return answer(&s.metrics, label, "", &e);
     };
     let prepared = match route {
         Route::Chat => prepare::chat(&s, body).await,
@@ -68,11 +68,7 @@ async fn generate(s: Arc<Shared>, route: Route, headers: HeaderMap, body: Bytes)
             );
             tracing::Instrument::instrument(forward(s, p, &headers, permit, t0), span).await
         }
-        Err(e) => {
-            s.metrics.rejected("invalid");
-            s.metrics.request(label, e.status(), "");
-            error_response(&e)
-        }
+        Err(e) => answer(&s.metrics, label, "", &RequestError::new(Reason::Invalid, *e)),
     }
 }
 

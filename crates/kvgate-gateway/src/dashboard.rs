@@ -36,6 +36,7 @@ use futures_util::Stream;
 use kvgate_openai::ErrorResponse;
 
 use crate::auth;
+use crate::request_error::Reason;
 use crate::response::error_response;
 use crate::state::Shared;
 use crate::throttle::{KeyKind, KeyVerdict};
@@ -129,7 +130,7 @@ async fn require_login(State(d): D, req: Request, next: Next) -> Response {
         KeyVerdict::Throttled(r) => return harden(r),
         KeyVerdict::Denied => {}
     }
-    d.shared.metrics.rejected("unauthorized");
+    d.shared.metrics.count(Reason::Unauthorized);
     if req.uri().path() == "/dashboard" {
         // The page without data: a form that logs in and reloads.
         html(StatusCode::UNAUTHORIZED, LOGIN_HTML)
@@ -164,7 +165,7 @@ async fn login(State(d): D, req: Request) -> Response {
         KeyVerdict::Allowed => {}
         KeyVerdict::Throttled(r) => return harden(r),
         KeyVerdict::Denied => {
-            d.shared.metrics.rejected("unauthorized");
+            d.shared.metrics.count(Reason::Unauthorized);
             return harden(error_response(&ErrorResponse::authentication("wrong admin key")));
         }
     }

@@ -21,7 +21,8 @@ use crate::prepare::Prepared;
 use crate::relay::{Relay, RelayContext};
 use crate::replica::Replica;
 use crate::replica_status::Failure;
-use crate::response::{error_response, with_retry_after};
+use crate::request_error::{Reason, RequestError};
+use crate::response::answer;
 use crate::state::Shared;
 
 /// Largest engine error body read to relay its message, bytes.
@@ -44,7 +45,7 @@ pub(crate) async fn forward(
     let mut exclude: Vec<ReplicaId> = shared.without_adapter(p.adapter.as_deref());
     let not_serving = exclude.len();
     let mut queued_since: Option<Instant> = None;
-    let mut last_error: Option<ErrorResponse> = None;
+    let mut last_error: Option<RequestError> = None;
     let max_retries = shared.config.limits.max_retries;
     // Someone is already waiting for a replica: queue behind them rather
     // than take the next free one first (admission.rs).
@@ -87,28 +88,22 @@ pub(crate) async fn forward(
                 continue;
             }
             Decision::Reject { reason, retry_after } => {
-                let (resp, why) = match (reason, last_error.take()) {
+                let e = match (reason, last_error.take()) {
                     // Every replica tried failed: report the last failure.
                     (RejectReason::NoReplica, Some(e)) if exclude.len() > not_serving => {
-                        (error_response(&e), "no_replica")
+                        RequestError::new(Reason::NoReplica, e.body)
                     }
-                    (RejectReason::NoReplica, _) => (
-                        error_response(&ErrorResponse::unavailable(
-                            "no replica is available to serve this request",
-                        )),
-                        "no_replica",
+                    (RejectReason::NoReplica, _) => RequestError::new(
+                        Reason::NoReplica,
+                        ErrorResponse::unavailable("no replica is available to serve this request"),
                     ),
                     // Load shedding: 429, so that clients back off and retry.
-                    (RejectReason::AllBusy, _) => (
-                        error_response(&ErrorResponse::rate_limited(
-                            "every replica is busy; retry later",
-                        )),
-                        "all_busy",
+                    (RejectReason::AllBusy, _) => RequestError::new(
+                        Reason::AllBusy,
+                        ErrorResponse::rate_limited("every replica is busy; retry later"),
                     ),
                 };
-                shared.metrics.rejected(why);
-                shared.metrics.request(label, resp.status().as_u16(), "");
-                return with_retry_after(resp, retry_after);
+                return answer(&shared.metrics, label, "", &e.retry_after(retry_after));
             }
         };
         let Some(replica) = shared.replica(routed.replica) else {
@@ -132,16 +127,16 @@ pub(crate) async fn forward(
                 tracing::debug!("routed");
                 return respond(shared, &p, replica, routed, resp, permit, t0).await;
             }
-            Err((reason, err)) => {
+            Err(err) => {
                 routed.booking.finish(Outcome::Error);
-                tracing::warn!(replica = %replica.name, %reason, error = %err.error.message, "engine failed; trying another replica");
-                let error = err.error.message.clone();
-                shared.fleet.failed(replica.id, error, Failure::Error, Instant::now());
-                shared.metrics.retry(reason);
+                let (reason, message) = (err.reason.label(), &err.body.error.message);
+                tracing::warn!(replica = %replica.name, %reason, error = %message, "engine failed; trying another replica");
+                shared.fleet.failed(replica.id, message.clone(), Failure::Error, Instant::now());
+                shared.metrics.count(err.reason);
                 exclude.push(replica.id);
-                if exclude.len() - not_serving > max_retries as usize {
-                    shared.metrics.request(label, err.status(), &replica.name);
-                    return error_response(&err);
+                let tried = exclude.len() - not_serving;
+                if !err.reason.retryable() || tried > max_retries as usize {
+                    return answer(&shared.metrics, label, &replica.name, &err);
                 }
                 last_error = Some(err);
             }
@@ -155,7 +150,7 @@ async fn send(
     p: &Prepared,
     replica: &Replica,
     fwd_headers: &[(header::HeaderName, HeaderValue)],
-) -> Result<EngineResponse, (&'static str, ErrorResponse)> {
+) -> Result<EngineResponse, RequestError> {
     let mut headers = fwd_headers.to_vec();
     if let Some(rank) = replica.config.dp_rank {
         // vLLM's server pins the request to this data-parallel engine
@@ -171,26 +166,23 @@ async fn send(
     let first_byte = Duration::from_millis(shared.config.limits.first_byte_timeout_ms);
     let resp = match tokio::time::timeout(first_byte, shared.engines.post(req)).await {
         Err(_) => {
-            return Err((
-                "timeout",
-                ErrorResponse::timeout(format!("replica {} did not answer in time", replica.name)),
-            ))
+            let e =
+                ErrorResponse::timeout(format!("replica {} did not answer in time", replica.name));
+            return Err(RequestError::new(Reason::Timeout, e));
         }
         Ok(Err(SendError::Unreachable(e))) => {
             // Nothing listens there (refused, unreachable): the replica is
             // gone, not slow; take it out of rotation at once.
             let error = format!("connect failed: {e}");
             shared.fleet.failed(replica.id, error, Failure::Unreachable, Instant::now());
-            return Err((
-                "connect",
-                ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name)),
-            ));
+            let e =
+                ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name));
+            return Err(RequestError::new(Reason::Connect, e));
         }
         Ok(Err(SendError::Failed(e))) => {
-            return Err((
-                "connect",
-                ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name)),
-            ))
+            let e =
+                ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name));
+            return Err(RequestError::new(Reason::Connect, e));
         }
         Ok(Ok(r)) => r,
     };
@@ -198,7 +190,8 @@ async fn send(
         let status = resp.status;
         // Enough of an engine's error body for its message, even if cut.
         let body = read_up_to(resp.body, MAX_ERROR_BODY).await.map(|(b, _)| b).unwrap_or_default();
-        return Err(("status_5xx", ErrorResponse::from_upstream(status, &body)));
+        let e = ErrorResponse::from_upstream(status, &body);
+        return Err(RequestError::new(Reason::Status5xx, e));
     }
     Ok(resp)
 }
@@ -311,8 +304,12 @@ async fn respond(
             ));
             let error = err.error.message.clone();
             shared.fleet.failed(replica.id, error, Failure::Error, Instant::now());
-            shared.metrics.request(label, err.status(), &replica.name);
-            let mut r = error_response(&err);
+            let mut r = answer(
+                &shared.metrics,
+                label,
+                &replica.name,
+                &RequestError::new(Reason::Upstream, err),
+            );
             if let Some(v) = headers.get("x-kvgate-replica") {
                 r.headers_mut().insert("x-kvgate-replica", v.clone());
             }

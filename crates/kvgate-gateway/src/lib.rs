@@ -62,6 +62,7 @@ mod registry;
 mod relay;
 mod replica;
 mod replica_status;
+mod request_error;
 mod response;
 mod route;
 mod scrape;

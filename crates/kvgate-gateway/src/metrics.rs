@@ -29,6 +29,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::request_error::{Family as ReasonFamily, Reason};
 use crate::snapshot::{FleetSnapshot, ReplicaSnapshot};
 use crate::ttft_ring::RecentTtft;
 
@@ -40,21 +41,6 @@ pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0
 
 /// Prefix of every metric name.
 const PREFIX: &str = "kvgate";
-
-/// Reasons a request was retried on another replica.
-const RETRY_REASONS: [&str; 3] = ["connect", "status_5xx", "timeout"];
-/// Reasons a response stream ended early.
-const STREAM_ERROR_REASONS: [&str; 3] = ["upstream", "idle_timeout", "client_disconnect"];
-/// Reasons a request was refused.
-const REJECT_REASONS: [&str; 7] = [
-    "all_busy",
-    "no_replica",
-    "overloaded",
-    "unauthorized",
-    "invalid",
-    "key_throttled",
-    "peer_unauthorized",
-];
 
 /// The empty label set (`NoLabelSet` is an uninhabited enum in 0.26).
 const NO_LABELS: [(&str, &str); 0] = [];
@@ -178,14 +164,13 @@ impl Metrics {
         // Known reasons are exported from the start (as 0), so that `rate()`
         // and alerts see the series before the first occurrence. (An empty
         // family is left out of the exposition altogether.)
-        for (family, reasons) in [
-            (&retries, &RETRY_REASONS[..]),
-            (&stream_errors, &STREAM_ERROR_REASONS[..]),
-            (&rejected, &REJECT_REASONS[..]),
-        ] {
-            for &reason in reasons {
-                drop(family.get_or_create(&ReasonLabels { reason }));
-            }
+        for reason in Reason::ALL {
+            let family = match reason.family() {
+                ReasonFamily::Retry => &retries,
+                ReasonFamily::StreamError => &stream_errors,
+                ReasonFamily::Rejected => &rejected,
+            };
+            drop(family.get_or_create(&ReasonLabels { reason: reason.label() }));
         }
 
         let mut registry = Registry::with_prefix(PREFIX);
@@ -349,25 +334,20 @@ impl Metrics {
         self.unmatched.get_or_create(&ReasonLabels { reason }).inc();
     }
 
-    /// A retry: `"connect"`, `"status_5xx"` or `"timeout"`.
-    pub(crate) fn retry(&self, reason: &'static str) {
-        self.retries.get_or_create(&ReasonLabels { reason }).inc();
+    /// One refusal, retry or broken stream, in its family's counter
+    /// (`kvgate_rejected_total`, `kvgate_retries_total`,
+    /// `kvgate_stream_errors_total`), labelled by its reason.
+    pub(crate) fn count(&self, reason: Reason) {
+        let family = match reason.family() {
+            ReasonFamily::Retry => &self.retries,
+            ReasonFamily::StreamError => &self.stream_errors,
+            ReasonFamily::Rejected => &self.rejected,
+        };
+        family.get_or_create(&ReasonLabels { reason: reason.label() }).inc();
     }
 
-    /// A stream ended early: `"upstream"`, `"idle_timeout"` or
-    /// `"client_disconnect"`.
-    pub(crate) fn stream_error(&self, reason: &'static str) {
-        self.stream_errors.get_or_create(&ReasonLabels { reason }).inc();
-    }
-
-    /// A refusal: `"all_busy"`, `"no_replica"`, `"overloaded"`,
-    /// `"unauthorized"` or `"invalid"`.
     pub(crate) fn task_restarted(&self, task: &'static str) {
         self.task_restarts.get_or_create(&TaskLabels { task }).inc();
-    }
-
-    pub(crate) fn rejected(&self, reason: &'static str) {
-        self.rejected.get_or_create(&ReasonLabels { reason }).inc();
     }
 
     /// The OpenMetrics text exposition ([`CONTENT_TYPE`]): the recorded
@@ -827,36 +807,22 @@ pub(crate) fn process_cpu_seconds() -> f64 {
 mod tests {
     use super::*;
 
-    /// Every reason the crate passes to `rejected` is exported from the
-    /// start (at 0), so alerts see the series before the first refusal.
+    /// Every reason is exported from the start (at 0), in its family, so
+    /// alerts see the series before the first occurrence.
     #[test]
-    fn every_reject_reason_in_the_source_is_pre_registered() {
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut found = std::collections::BTreeSet::new();
-        let mut dirs = vec![src];
-        while let Some(d) = dirs.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    dirs.push(p);
-                    continue;
-                }
-                let text = std::fs::read_to_string(&p).unwrap();
-                for part in text.split("rejected(\"").skip(1) {
-                    if let Some(reason) = part.split('"').next() {
-                        found.insert(reason.to_owned());
-                    }
-                }
-            }
-        }
-        assert!(found.len() >= 5, "scanner found too few reasons: {found:?}");
-        for reason in &found {
-            assert!(
-                REJECT_REASONS.contains(&reason.as_str()),
-                "{reason:?} is not in REJECT_REASONS"
-            );
+    fn every_reason_is_exported_from_the_start() {
+        let text = Metrics::new().render(&FleetSnapshot::default());
+        for reason in Reason::ALL {
+            let family = match reason.family() {
+                ReasonFamily::Retry => "retries",
+                ReasonFamily::StreamError => "stream_errors",
+                ReasonFamily::Rejected => "rejected",
+            };
+            let line = format!("kvgate_{family}_total{{reason=\"{}\"}} 0", reason.label());
+            assert!(text.contains(&line), "{line} missing");
         }
     }
+
     use kvgate_router::{LedgerTotals, TentativeStats};
 
     fn replica(name: &str) -> ReplicaSnapshot {
@@ -1059,10 +1025,10 @@ mod tests {
         m.decide_time(-1.0);
         m.prompt_tokens(1000, 750);
         m.prompt_tokens(24, 0);
-        m.retry("connect");
-        m.stream_error("client_disconnect");
-        m.rejected("all_busy");
-        m.rejected("all_busy");
+        m.count(Reason::Connect);
+        m.count(Reason::ClientDisconnect);
+        m.count(Reason::AllBusy);
+        m.count(Reason::AllBusy);
         m.unmatched("prompt_embeds");
         let text = m.render(&snapshot());
         assert_has(

@@ -39,6 +39,7 @@ use tokio::sync::{mpsc, watch};
 use crate::auth::{bearer, key_matches};
 use crate::locks::lock;
 use crate::peer_state::{Known, Target, TargetStats};
+use crate::request_error::Reason;
 use crate::state::Shared;
 use crate::throttle::{ClientAddr, KeyKind, KeyVerdict};
 
@@ -102,7 +103,7 @@ pub(crate) async fn receive(
         KeyVerdict::Allowed => {}
         KeyVerdict::Throttled(r) => return r,
         KeyVerdict::Denied => {
-            s.metrics.rejected("peer_unauthorized");
+            s.metrics.count(Reason::PeerUnauthorized);
             return (StatusCode::UNAUTHORIZED, "peer key required").into_response();
         }
     }

@@ -26,6 +26,7 @@ use crate::fleet_handle::FleetHandle;
 use crate::metrics::Metrics;
 use crate::replica::Replica;
 use crate::replica_status::Failure;
+use crate::request_error::{Reason, RequestError};
 
 /// Largest single SSE event the tap parses (bigger events pass through but
 /// are not inspected).
@@ -115,12 +116,12 @@ impl Relay {
                 }
                 Ok(None) => {
                     let e = ErrorResponse::bad_gateway("the engine ended the stream early");
-                    let tail = r.end(Outcome::Error, Some(("upstream", e)));
+                    let tail = r.end(Outcome::Error, Some(RequestError::new(Reason::Upstream, e)));
                     Some((Ok(tail), r))
                 }
                 Ok(Some(Err(err))) => {
                     let e = ErrorResponse::bad_gateway(format!("the engine stream failed: {err}"));
-                    let tail = r.end(Outcome::Error, Some(("upstream", e)));
+                    let tail = r.end(Outcome::Error, Some(RequestError::new(Reason::Upstream, e)));
                     Some((Ok(tail), r))
                 }
                 Err(_) => {
@@ -128,7 +129,8 @@ impl Relay {
                         "the engine sent nothing for {} s",
                         r.idle.as_secs()
                     ));
-                    let tail = r.end(Outcome::Error, Some(("idle_timeout", e)));
+                    let tail =
+                        r.end(Outcome::Error, Some(RequestError::new(Reason::IdleTimeout, e)));
                     Some((Ok(tail), r))
                 }
             }
@@ -159,18 +161,19 @@ impl Relay {
     }
 
     /// Ends the stream; returns the error tail to send, if any.
-    fn end(&mut self, outcome: Outcome, error: Option<(&'static str, ErrorResponse)>) -> Bytes {
+    fn end(&mut self, outcome: Outcome, error: Option<RequestError>) -> Bytes {
         self.done = true;
         if let Some(b) = self.booking.take() {
             b.finish(outcome);
         }
         self.metrics.e2e(self.route, self.t0.elapsed().as_secs_f64());
-        let Some((reason, e)) = error else { return Bytes::new() };
-        self.metrics.stream_error(reason);
+        let Some(RequestError { reason, body: e, .. }) = error else { return Bytes::new() };
+        self.metrics.count(reason);
         // A stalled or broken engine stream counts against the replica like
         // a failed request: enough in a row take it out of rotation.
         let error = e.error.message.clone();
         self.fleet.failed(self.replica.id, error, Failure::Error, Instant::now());
+        let reason = reason.label();
         tracing::warn!(replica = %self.replica.name, reason, error = %e.error.message, "stream ended with an error");
         let mut out = Vec::new();
         // Terminate a partial event first, so the error parses on its own.
@@ -188,7 +191,7 @@ impl Drop for Relay {
         if let Some(b) = self.booking.take() {
             // The client went away mid-stream.
             b.finish(Outcome::Cancelled);
-            self.metrics.stream_error("client_disconnect");
+            self.metrics.count(Reason::ClientDisconnect);
         }
     }
 }

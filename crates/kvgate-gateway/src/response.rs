@@ -1,12 +1,45 @@
 //! The one place a gateway error becomes an HTTP answer: the OpenAI-style
 //! body with its status, and `Retry-After` on answers that ask the client
-//! to come back.
+//! to come back; [`answer`] also counts it.
 
 use std::time::Duration;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use kvgate_openai::ErrorResponse;
+
+use crate::metrics::Metrics;
+use crate::request_error::{Family, RequestError, Source};
+
+/// The answer to a request on `route` (a generation route's label) that
+/// ends in `e`, counted: `kvgate_requests_total{route,status,replica}`
+/// always, and a refusal's reason in `kvgate_rejected_total` (retries and
+/// broken streams are counted where they happen, as each one may not end
+/// the request).
+pub(crate) fn answer(
+    metrics: &Metrics,
+    route: &'static str,
+    replica: &str,
+    e: &RequestError,
+) -> Response {
+    metrics.request(route, e.status(), replica);
+    let (reason, status, message) = (e.reason.label(), e.status(), &e.body.error.message);
+    match e.reason.source() {
+        // The client's own doing: not kvgate's or an engine's problem.
+        Source::Client => tracing::debug!(route, reason, status, %message, "request refused"),
+        Source::Gateway | Source::Engine => {
+            tracing::info!(route, replica, reason, status, %message, "request failed")
+        }
+    }
+    if e.reason.family() == Family::Rejected {
+        metrics.count(e.reason);
+    }
+    let r = error_response(&e.body);
+    match e.retry_after {
+        Some(after) => with_retry_after(r, after),
+        None => r,
+    }
+}
 
 /// The status and OpenAI-style JSON body of `e`.
 pub(crate) fn error_response(e: &ErrorResponse) -> Response {

@@ -28,6 +28,7 @@ use tower::ServiceExt;
 
 use crate::config::GatewayConfig;
 use crate::error::StartError;
+use crate::request_error::Reason;
 use crate::response::error_response;
 use crate::route::Route;
 use crate::state::Shared;
@@ -53,7 +54,7 @@ async fn client_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> 
         KeyVerdict::Allowed => next.run(req).await,
         KeyVerdict::Throttled(r) => count_refused(&s, req.uri().path(), r),
         KeyVerdict::Denied => {
-            s.metrics.rejected("unauthorized");
+            s.metrics.count(Reason::Unauthorized);
             let mut r =
                 error_response(&ErrorResponse::authentication("invalid or missing API key"));
             r.headers_mut()
@@ -80,7 +81,7 @@ async fn admin_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> R
         KeyVerdict::Allowed => next.run(req).await,
         KeyVerdict::Throttled(r) => r,
         KeyVerdict::Denied => {
-            s.metrics.rejected("unauthorized");
+            s.metrics.count(Reason::Unauthorized);
             error_response(&ErrorResponse::authentication("invalid or missing admin key"))
         }
     }

@@ -134,7 +134,7 @@ pub(crate) fn verdict(
     let now = Instant::now();
     if let Some(ClientAddr(ip)) = addr {
         if let Some(wait) = throttle.blocked(*ip, kind, now) {
-            metrics.rejected("key_throttled");
+            metrics.count(crate::request_error::Reason::KeyThrottled);
             let e = kvgate_openai::ErrorResponse::rate_limited(
                 "too many wrong keys from this address; retry later",
             );

@@ -1,0 +1,172 @@
+//! The request path's one error type. A [`RequestError`] says why
+//! ([`Reason`]: one enum for every refusal, retry and broken stream, whose
+//! label the metrics use), where the fault lies ([`Source`]), whether
+//! another replica might succeed ([`Reason::retryable`]), and carries the
+//! OpenAI-style body the client gets. `response::answer` is the one place it
+//! becomes an HTTP answer and is counted.
+
+use std::time::Duration;
+
+use kvgate_openai::ErrorResponse;
+
+/// Where an error came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// The request or its key: the client must change something.
+    Client,
+    /// An engine failed, stalled or could not be reached.
+    Engine,
+    /// kvgate itself declined: shutting down, overloaded, no replica free.
+    Gateway,
+}
+
+/// Which counter a reason is counted in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    /// `kvgate_rejected_total{reason}`: refused before or at routing.
+    Rejected,
+    /// `kvgate_retries_total{reason}`: an engine failed before the first
+    /// byte, and another replica was (or could have been) tried.
+    Retry,
+    /// `kvgate_stream_errors_total{reason}`: a stream ended early.
+    StreamError,
+}
+
+/// Why a request was refused, retried or cut short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reason {
+    AllBusy,
+    NoReplica,
+    Overloaded,
+    ShuttingDown,
+    Unauthorized,
+    Invalid,
+    KeyThrottled,
+    PeerUnauthorized,
+    Connect,
+    Status5xx,
+    Timeout,
+    Upstream,
+    IdleTimeout,
+    ClientDisconnect,
+}
+
+impl Reason {
+    pub(crate) const ALL: [Reason; 14] = [
+        Reason::AllBusy,
+        Reason::NoReplica,
+        Reason::Overloaded,
+        Reason::ShuttingDown,
+        Reason::Unauthorized,
+        Reason::Invalid,
+        Reason::KeyThrottled,
+        Reason::PeerUnauthorized,
+        Reason::Connect,
+        Reason::Status5xx,
+        Reason::Timeout,
+        Reason::Upstream,
+        Reason::IdleTimeout,
+        Reason::ClientDisconnect,
+    ];
+
+    /// The metric label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Reason::AllBusy => "all_busy",
+            Reason::NoReplica => "no_replica",
+            Reason::Overloaded => "overloaded",
+            Reason::ShuttingDown => "shutting_down",
+            Reason::Unauthorized => "unauthorized",
+            Reason::Invalid => "invalid",
+            Reason::KeyThrottled => "key_throttled",
+            Reason::PeerUnauthorized => "peer_unauthorized",
+            Reason::Connect => "connect",
+            Reason::Status5xx => "status_5xx",
+            Reason::Timeout => "timeout",
+            Reason::Upstream => "upstream",
+            Reason::IdleTimeout => "idle_timeout",
+            Reason::ClientDisconnect => "client_disconnect",
+        }
+    }
+
+    pub(crate) fn family(self) -> Family {
+        match self {
+            Reason::Connect | Reason::Status5xx | Reason::Timeout => Family::Retry,
+            Reason::Upstream | Reason::IdleTimeout | Reason::ClientDisconnect => {
+                Family::StreamError
+            }
+            _ => Family::Rejected,
+        }
+    }
+
+    pub(crate) fn source(self) -> Source {
+        match self {
+            Reason::Unauthorized
+            | Reason::Invalid
+            | Reason::KeyThrottled
+            | Reason::PeerUnauthorized
+            | Reason::ClientDisconnect => Source::Client,
+            Reason::AllBusy | Reason::NoReplica | Reason::Overloaded | Reason::ShuttingDown => {
+                Source::Gateway
+            }
+            Reason::Connect
+            | Reason::Status5xx
+            | Reason::Timeout
+            | Reason::Upstream
+            | Reason::IdleTimeout => Source::Engine,
+        }
+    }
+
+    /// Another replica might succeed where this attempt failed (the engine
+    /// failed before any byte reached the client).
+    pub(crate) fn retryable(self) -> bool {
+        self.family() == Family::Retry
+    }
+}
+
+/// An error on the request path.
+#[derive(Debug)]
+pub(crate) struct RequestError {
+    pub(crate) reason: Reason,
+    /// What the client gets (its status included).
+    pub(crate) body: ErrorResponse,
+    /// `Retry-After` on the answer, for refusals a client should retry.
+    pub(crate) retry_after: Option<Duration>,
+}
+
+impl RequestError {
+    pub(crate) fn new(reason: Reason, body: ErrorResponse) -> RequestError {
+        RequestError { reason, body, retry_after: None }
+    }
+
+    pub(crate) fn retry_after(mut self, after: Duration) -> RequestError {
+        self.retry_after = Some(after);
+        self
+    }
+
+    pub(crate) fn status(&self) -> u16 {
+        self.body.status()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_one_label_and_only_engine_failures_before_the_first_byte_retry() {
+        let mut labels: Vec<_> = Reason::ALL.iter().map(|r| r.label()).collect();
+        labels.sort_unstable();
+        labels.dedup();
+        assert_eq!(labels.len(), Reason::ALL.len());
+        for r in Reason::ALL {
+            assert_eq!(r.retryable(), r.family() == Family::Retry, "{r:?}");
+            if r.retryable() {
+                assert_eq!(r.source(), Source::Engine, "{r:?}");
+            }
+        }
+        let retry: Vec<_> =
+            Reason::ALL.iter().filter(|r| r.retryable()).map(|r| r.label()).collect();
+        assert_eq!(retry, ["connect", "status_5xx", "timeout"]);
+    }
+}
