@@ -49,8 +49,8 @@ async fn generate(s: Arc<Shared>, route: Route, headers: HeaderMap, body: Bytes)
         return answer(&s.metrics, label, "", &e);
     };
     let prepared = match route {
-        Route::Chat => prepare::chat(&s, body).await,
-        Route::Completions => prepare::completions(&s, body).await,
+        Route::Chat => prepare::chat(&s.preparer, body).await,
+        Route::Completions => prepare::completions(&s.preparer, body).await,
     };
     match prepared {
         Ok(p) => {
@@ -107,7 +107,8 @@ pub(crate) async fn tokenize(State(s): S, body: Bytes) -> Response {
     };
     if let Some(m) = value.get("model").and_then(Value::as_str) {
         let model = &s.config.model;
-        let adapter = model.lora_adapters.iter().any(|a| a == m) || s.engine_serves_adapter(m);
+        let adapter =
+            model.lora_adapters.iter().any(|a| a == m) || s.fleet.engine_serves_adapter(m);
         if m != model.served_name && !adapter {
             return error_response(&ErrorResponse::not_found(format!(
                 "The model `{m}` does not exist."

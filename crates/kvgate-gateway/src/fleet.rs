@@ -19,8 +19,9 @@ use kvgate_events::Batch;
 use kvgate_index::{Index, ReplicaId, ReplicaSpec, SpentTable};
 use kvgate_router::{Decision, EngineReport, Health, ReplicaInfo, RouteRequest, Router};
 
-use crate::replica_status::{Failure, HealthRules, ReplicaStatus};
+use crate::replica_status::{Failure, ReplicaStatus};
 use crate::scrape::EngineScrape;
+use crate::settings::HealthRules;
 
 /// One replica as the fleet tracks it.
 #[derive(Debug)]

@@ -35,6 +35,11 @@ impl FleetHandle {
         self.with(|f| f.route(req, now))
     }
 
+    /// Whether some replica's engine lists `model` as an adapter.
+    pub(crate) fn engine_serves_adapter(&self, model: &str) -> bool {
+        self.with(|f| f.engine_serves_adapter(model))
+    }
+
     /// A request or probe to `id` failed ([`Fleet::failed`]).
     pub(crate) fn failed(&self, id: ReplicaId, error: String, failure: Failure, now: Instant) {
         self.with(|f| f.failed(id, error, failure, now));

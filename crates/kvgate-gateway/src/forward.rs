@@ -46,7 +46,7 @@ pub(crate) async fn forward(
     let not_serving = exclude.len();
     let mut queued_since: Option<Instant> = None;
     let mut last_error: Option<RequestError> = None;
-    let max_retries = shared.config.limits.max_retries;
+    let max_retries = shared.settings.request.max_retries;
     // Someone is already waiting for a replica: queue behind them rather
     // than take the next free one first (admission.rs).
     let mut ticket = (!shared.admission.is_empty()).then(|| {
@@ -163,7 +163,7 @@ async fn send(
         headers,
         bearer: replica.config.api_key.clone(),
     };
-    let first_byte = Duration::from_millis(shared.config.limits.first_byte_timeout_ms);
+    let first_byte = shared.settings.request.first_byte;
     let resp = match tokio::time::timeout(first_byte, shared.engines.post(req)).await {
         Err(_) => {
             let e =
@@ -261,7 +261,7 @@ async fn respond(
         let ctx = RelayContext {
             metrics: Arc::clone(&shared.metrics),
             fleet: Arc::clone(&shared.fleet),
-            idle: Duration::from_millis(shared.config.limits.stream_idle_timeout_ms),
+            idle: shared.settings.request.stream_idle,
             route: label,
         };
         let relay = Relay::new(ctx, replica, routed.booking, resp.body, permit, t0);

@@ -4,7 +4,8 @@
 //! straight back.
 //!
 //! Code map:
-//! - `config.rs`: [`GatewayConfig`], the one source of `serve` settings.
+//! - `config.rs`: [`GatewayConfig`], the one source of `serve` settings;
+//!   `settings.rs`: it validated into typed sections.
 //! - `server.rs`: [`Gateway`]: listeners (hyper, with header limits), routes,
 //!   auth middleware, graceful shutdown.
 //! - `api.rs`: generation entry points, models, tokenize, health, ready, metrics.
@@ -67,6 +68,7 @@ mod response;
 mod route;
 mod scrape;
 mod server;
+mod settings;
 mod snapshot;
 mod state;
 mod supervise;

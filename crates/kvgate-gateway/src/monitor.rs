@@ -7,28 +7,25 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::config::MonitorConfig;
 use crate::engine_client::{EngineClient, SendError};
 use crate::fleet_handle::FleetHandle;
 use crate::replica::Replica;
 use crate::replica_status::Failure;
 use crate::scrape::parse_rank_metrics;
+use crate::settings::ProbeTiming;
 
-/// What a monitor needs: the engines to probe, the fleet to tell, and
-/// `[monitor]`.
+/// What a monitor needs: the engines to probe, the fleet to tell, and how
+/// often and how patiently to ask.
 #[derive(Clone, Debug)]
 pub(crate) struct Prober {
     pub(crate) engines: Arc<dyn EngineClient>,
     pub(crate) fleet: Arc<FleetHandle>,
-    pub(crate) config: MonitorConfig,
+    pub(crate) timing: ProbeTiming,
 }
 
 /// Probes `replica` until it is stopped.
 pub(crate) async fn run(prober: Prober, replica: Arc<Replica>) {
-    let m = &prober.config;
-    let mut tick = tokio::time::interval(Duration::from_millis(
-        m.health_interval_ms.min(m.metrics_interval_ms),
-    ));
+    let mut tick = tokio::time::interval(prober.timing.every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stop = replica.stop.subscribe();
     let mut adapters_at: Option<Instant> = None;
@@ -54,7 +51,7 @@ pub(crate) const ADAPTER_REFRESH: Duration = Duration::from_secs(10);
 /// as a card whose `parent` is the base model. A failed or odd answer keeps
 /// the last list (the probe reports the replica's health).
 async fn refresh_adapters(prober: &Prober, replica: &Replica) {
-    let timeout = Duration::from_millis(prober.config.probe_timeout_ms);
+    let timeout = prober.timing.timeout;
     let Ok(text) = get(prober, replica, "/v1/models", timeout).await else { return };
     let Ok(list) = serde_json::from_str::<kvgate_openai::ModelList>(&text) else {
         tracing::debug!(replica = %replica.name, "/v1/models is not a model list");
@@ -67,7 +64,7 @@ async fn refresh_adapters(prober: &Prober, replica: &Replica) {
 
 /// One probe: `/health`, then `/metrics`.
 async fn probe_once(prober: &Prober, replica: &Replica) {
-    let timeout = Duration::from_millis(prober.config.probe_timeout_ms);
+    let timeout = prober.timing.timeout;
     let mut health = get(prober, replica, "/health", timeout).await;
     if matches!(&health, Err(Probe { unreachable: false, .. })) {
         // A kept-alive connection to a process that just died fails

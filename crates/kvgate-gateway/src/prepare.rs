@@ -3,16 +3,33 @@
 //! block keys, and build the body with the prompt tokens for engines that
 //! take them.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use kvgate_index::{request_block_keys, BlockKey};
 use kvgate_openai::{ChatCompletionRequest, CompletionRequest, ErrorResponse, Prompt};
+use kvgate_tokenize::service::TokenizeService;
 use kvgate_tokenize::{ChatRequest, Endpoint, TokenizeError};
 
-use crate::config::Passthrough;
+use crate::config::{ModelConfig, Passthrough};
+use crate::fleet_handle::FleetHandle;
+use crate::metrics::Metrics;
 use crate::route::Route;
-use crate::state::Shared;
+
+/// What preparing a request needs: the tokenizer, the served model, the
+/// message limit, the fleet's block size, the metrics, and the fleet (only
+/// to ask which adapters its engines list).
+#[derive(Debug)]
+pub(crate) struct Preparer {
+    pub(crate) tokenizer: Arc<TokenizeService>,
+    pub(crate) model: ModelConfig,
+    /// `limits.max_messages`.
+    pub(crate) max_messages: usize,
+    pub(crate) block_size: u32,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) fleet: Arc<FleetHandle>,
+}
 
 /// Bodies (or prompts) up to this size are tokenized on the request's own
 /// task (tens of microseconds); larger ones go to the tokenizer pool so that
@@ -67,14 +84,14 @@ fn bad(msg: impl Into<String>) -> Reject {
 
 /// The LoRA adapter the request names, if any: one of `model.lora_adapters`,
 /// or one an engine lists in `/v1/models`. An unknown model is vLLM's 404.
-fn check_model<'a>(shared: &'a Shared, model: Option<&'a str>) -> Result<Option<&'a str>, Reject> {
-    let served = &shared.config.model;
+fn check_model<'a>(prep: &'a Preparer, model: Option<&'a str>) -> Result<Option<&'a str>, Reject> {
+    let served = &prep.model;
     match model {
         None => Ok(None),
         Some(m) if m == served.served_name => Ok(None),
         Some(m) => match served.lora_adapters.iter().find(|a| *a == m) {
             Some(adapter) => Ok(Some(adapter.as_str())),
-            None if shared.engine_serves_adapter(m) => Ok(Some(m)),
+            None if prep.fleet.engine_serves_adapter(m) => Ok(Some(m)),
             None => {
                 let e = ErrorResponse::not_found(format!("The model `{m}` does not exist."));
                 Err(Box::new(e.with_param("model")))
@@ -118,8 +135,8 @@ struct CacheIdentity<'a> {
     salt: Option<String>,
 }
 
-fn check_length(shared: &Shared, prompt: usize, max_output: Option<u32>) -> Result<(), Reject> {
-    let max = shared.config.model.max_model_len as usize;
+fn check_length(prep: &Preparer, prompt: usize, max_output: Option<u32>) -> Result<(), Reject> {
+    let max = prep.model.max_model_len as usize;
     let out = max_output.unwrap_or(0) as usize;
     if prompt + out > max {
         return Err(Box::new(
@@ -161,18 +178,18 @@ fn max_output(v: Option<u64>) -> Option<u32> {
 }
 
 /// Chat: the engine's own rendering rules, then the tokens.
-pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Reject> {
+pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Reject> {
     let req = ChatCompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
     req.validate().map_err(|e| bad(e.to_string()))?;
     let identity =
-        CacheIdentity { lora: check_model(shared, req.model())?, salt: cache_salt(&req.extra)? };
+        CacheIdentity { lora: check_model(prep, req.model())?, salt: cache_salt(&req.extra)? };
     check_output_limit(&req.extra)?;
-    if req.messages.len() > shared.config.limits.max_messages {
+    if req.messages.len() > prep.max_messages {
         return Err(Box::new(
             invalid(format!(
                 "too many messages: {} (at most {})",
                 req.messages.len(),
-                shared.config.limits.max_messages
+                prep.max_messages
             ))
             .with_param("messages"),
         ));
@@ -191,18 +208,18 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
             // Small requests tokenize in place: a hop to the pool and back
             // costs more CPU (two thread wake-ups) than their tokenization.
             let r = if body.len() <= INLINE_TOKENIZE_BYTES {
-                shared.tokenizer.tokenize().encode_chat(&chat)
+                prep.tokenizer.tokenize().encode_chat(&chat)
             } else {
-                shared.tokenizer.encode_chat(chat).await
+                prep.tokenizer.encode_chat(chat).await
             };
-            shared.metrics.tokenize_time(t.elapsed().as_secs_f64());
+            prep.metrics.tokenize_time(t.elapsed().as_secs_f64());
             match r {
                 Ok(ids) => Some(ids),
                 // Content kvgate cannot render (images, audio): the engine
                 // renders it; kvgate routes by load.
                 Err(TokenizeError::Unsupported(why)) => {
                     tracing::debug!(%why, "not tokenized by kvgate; forwarded as is");
-                    shared.metrics.unmatched("unrendered_content");
+                    prep.metrics.unmatched("unrendered_content");
                     None
                 }
                 Err(e) => return Err(bad(e.to_string())),
@@ -210,7 +227,7 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
         }
     };
     if let Some(t) = &tokens {
-        check_length(shared, t.len(), max_out)?;
+        check_length(prep, t.len(), max_out)?;
     }
     let with_tokens = match &tokens {
         Some(ids) if !passed_by_client => Some(Bytes::from(
@@ -219,7 +236,7 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
         _ => None,
     };
     Ok(finish(
-        shared,
+        prep,
         Route::Chat,
         &identity,
         tokens,
@@ -233,19 +250,19 @@ pub(crate) async fn chat(shared: &Shared, body: Bytes) -> Result<Prepared, Rejec
 
 /// Completions: text prompts are tokenized as vLLM does (special tokens per
 /// `add_special_tokens`); token prompts are taken as they are.
-pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared, Reject> {
+pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared, Reject> {
     let req = CompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
     let identity =
-        CacheIdentity { lora: check_model(shared, req.model())?, salt: cache_salt(&req.extra)? };
+        CacheIdentity { lora: check_model(prep, req.model())?, salt: cache_salt(&req.extra)? };
     check_output_limit(&req.extra)?;
     let max_out = max_output(req.max_output_tokens());
     if req.extra.get("prompt_embeds").is_some_and(|v| !v.is_null()) {
         // vLLM hashes embedding blocks by their digest (`prompt_embeds` in
         // the extra keys), which kvgate cannot compute: route by load and
         // forward the body as it came.
-        shared.metrics.unmatched("prompt_embeds");
+        prep.metrics.unmatched("prompt_embeds");
         return Ok(finish(
-            shared,
+            prep,
             Route::Completions,
             &identity,
             None,
@@ -264,11 +281,11 @@ pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared
     let encode = |text: String| async move {
         let t = Instant::now();
         let r = if text.len() <= INLINE_TOKENIZE_BYTES {
-            shared.tokenizer.tokenize().encode_prompt(&text, add_special)
+            prep.tokenizer.tokenize().encode_prompt(&text, add_special)
         } else {
-            shared.tokenizer.encode_prompt(text, add_special).await
+            prep.tokenizer.encode_prompt(text, add_special).await
         };
-        shared.metrics.tokenize_time(t.elapsed().as_secs_f64());
+        prep.metrics.tokenize_time(t.elapsed().as_secs_f64());
         r.map_err(|e| bad(e.to_string()))
     };
     // Batches route by their first prompt; all are forwarded as tokens.
@@ -288,7 +305,7 @@ pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared
         return Err(Box::new(invalid("the prompt is empty").with_param("prompt")));
     }
     for t in batch.iter().flatten().chain(std::iter::once(&tokens)) {
-        check_length(shared, t.len(), max_out)?;
+        check_length(prep, t.len(), max_out)?;
     }
     let mut r = req.clone();
     match batch {
@@ -297,7 +314,7 @@ pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared
     }
     let with_tokens = Some(Bytes::from(r.to_vec().map_err(|e| bad(e.to_string()))?));
     Ok(finish(
-        shared,
+        prep,
         Route::Completions,
         &identity,
         Some(tokens),
@@ -311,7 +328,7 @@ pub(crate) async fn completions(shared: &Shared, body: Bytes) -> Result<Prepared
 
 #[allow(clippy::too_many_arguments)]
 fn finish(
-    shared: &Shared,
+    prep: &Preparer,
     route: Route,
     identity: &CacheIdentity<'_>,
     tokens: Option<Vec<u32>>,
@@ -326,7 +343,7 @@ fn finish(
             t.len() as u64,
             request_block_keys(
                 t,
-                shared.block_size as usize,
+                prep.block_size as usize,
                 identity.lora,
                 identity.salt.as_deref(),
             ),

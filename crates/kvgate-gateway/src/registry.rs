@@ -75,7 +75,7 @@ pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replic
     let prober = Prober {
         engines: Arc::clone(&shared.engines),
         fleet: Arc::clone(fleet),
-        config: shared.config.monitor.clone(),
+        timing: shared.settings.probes,
     };
     supervise::spawn_replica_task(fleet, metrics, &replica, Task::Monitor, move |r| {
         let prober = prober.clone();

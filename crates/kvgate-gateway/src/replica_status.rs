@@ -2,39 +2,14 @@
 //! failures, the degraded window of a rebuilt view, drain, problems, the
 //! engine's last scrape. Plain data with its transitions; the fleet core
 //! (`fleet.rs`) owns one per replica and applies the rules of
-//! [`HealthRules`] with the `now` it is given.
+//! [`HealthRules`] (`settings.rs`) with the `now` it is given.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kvgate_router::Health;
 
-use crate::config::GatewayConfig;
 use crate::scrape::EngineScrape;
-
-/// The timing and counting rules of replica health, from `[monitor]` and
-/// `[limits]`, validated once.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct HealthRules {
-    /// Consecutive failures that take a replica out of rotation.
-    pub(crate) unhealthy_after: u32,
-    /// Out of rotation this long: its index entries are purged.
-    pub(crate) purge_after: Duration,
-    /// How long a rebuilt view counts as degraded.
-    pub(crate) rebuild: Duration,
-    /// The index's bound per tier before an engine reports its size.
-    pub(crate) index_bound: u64,
-}
-
-impl HealthRules {
-    pub(crate) fn from_config(c: &GatewayConfig) -> HealthRules {
-        HealthRules {
-            unhealthy_after: c.monitor.unhealthy_after,
-            purge_after: Duration::from_millis(c.monitor.purge_after_ms),
-            rebuild: Duration::from_millis(c.monitor.rebuild_ms),
-            index_bound: c.limits.index_blocks_per_tier,
-        }
-    }
-}
+use crate::settings::HealthRules;
 
 /// How a request or probe failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,8 +23,9 @@ use crate::error::{ConfigError, StartError};
 use crate::fleet::Fleet;
 use crate::fleet_handle::FleetHandle;
 use crate::metrics::Metrics;
+use crate::prepare::Preparer;
 use crate::replica::Replica;
-use crate::replica_status::HealthRules;
+use crate::settings::Settings;
 use crate::snapshot::{FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, ReplicaSnapshot};
 use crate::throttle::KeyThrottle;
 
@@ -32,7 +33,11 @@ use crate::throttle::KeyThrottle;
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) config: GatewayConfig,
+    /// `config` in typed sections (`settings.rs`).
+    pub(crate) settings: Settings,
     pub(crate) tokenizer: Arc<TokenizeService>,
+    /// The request path's first stage (parse, tokenize, keys).
+    pub(crate) preparer: Preparer,
     /// The index, the router and every replica's status: the one owner of
     /// fleet state (`fleet.rs`).
     pub(crate) fleet: Arc<FleetHandle>,
@@ -79,19 +84,29 @@ impl Shared {
         let block_size =
             config.replicas.first().map_or(config.discovery.block_size, |r| r.block_size);
         let (closing, _) = watch::channel(false);
+        let settings = Settings::from_config(&config);
+        let fleet = Arc::new(FleetHandle::new(Fleet::new(router, settings.health)));
+        let metrics = Arc::new(Metrics::new());
+        let preparer = Preparer {
+            tokenizer: Arc::clone(&tokenizer),
+            model: config.model.clone(),
+            max_messages: config.limits.max_messages,
+            block_size,
+            metrics: Arc::clone(&metrics),
+            fleet: Arc::clone(&fleet),
+        };
         Ok(Shared {
+            settings,
+            preparer,
             inflight: Arc::new(Semaphore::new(config.limits.max_concurrent_requests)),
             admission,
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
             tokenizer,
-            fleet: Arc::new(FleetHandle::new(Fleet::new(
-                router,
-                HealthRules::from_config(&config),
-            ))),
+            fleet,
             replicas: Directory::default(),
             engines,
             client,
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             started: Instant::now(),
             key_throttle: KeyThrottle::new(config.limits.key_failures_per_minute),
             block_size,
@@ -126,11 +141,6 @@ impl Shared {
     /// The replicas that do not serve `adapter` ([`Fleet::without_adapter`]).
     pub(crate) fn without_adapter(&self, adapter: Option<&str>) -> Vec<ReplicaId> {
         self.fleet.with(|f| f.without_adapter(adapter, &self.config.model.lora_adapters))
-    }
-
-    /// Whether some replica's engine lists `model` as a LoRA adapter.
-    pub(crate) fn engine_serves_adapter(&self, model: &str) -> bool {
-        self.fleet.with(|f| f.engine_serves_adapter(model))
     }
 
     pub(crate) fn replica_by_name(&self, name: &str) -> Option<Arc<Replica>> {

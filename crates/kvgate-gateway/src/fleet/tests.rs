@@ -8,8 +8,9 @@ use kvgate_index::{block_keys, ReplicaId, Tier};
 use kvgate_router::{Decision, Health, Outcome, RejectReason, RouteRequest, Router, RouterConfig};
 
 use super::Fleet;
-use crate::replica_status::{Failure, HealthRules};
+use crate::replica_status::Failure;
 use crate::scrape::EngineScrape;
+use crate::settings::HealthRules;
 
 const BS: u32 = 16;
 

@@ -63,7 +63,7 @@ async fn complete(shared: &Arc<Shared>, stream: bool) -> (u16, HeaderMap, String
         "stream": stream,
     });
     let body = Bytes::from(body.to_string());
-    let p = crate::prepare::completions(shared, body).await.expect("prepared");
+    let p = crate::prepare::completions(&shared.preparer, body).await.expect("prepared");
     let permit = Arc::clone(&shared.inflight).acquire_owned().await.expect("permit");
     let resp = forward(Arc::clone(shared), p, &HeaderMap::new(), permit, Instant::now()).await;
     let status = resp.status().as_u16();
