@@ -149,6 +149,15 @@ pub struct CostModelConfig {
     /// (docs/routing.md, "Decode delay"). Balances live sessions across
     /// replicas; 0 turns it off.
     pub decode_delay_weight: f64,
+    /// Weight of the future work a placement attracts: a session's later
+    /// turns follow its prefix to wherever it lands, so a replica that has
+    /// recently been given more of the fleet's requests than another is
+    /// charged, for this request's own prefill time, the difference of the
+    /// two shares times the number of replicas (docs/routing.md, "Future
+    /// work"). A continuing session keeps its cache advantage; a new one is
+    /// spread. Off (0) by default: it helps session traffic in fast mode but
+    /// moved placements in a light live chat run (docs/routing.md).
+    pub future_work_weight: f64,
     /// Output tokens assumed when a request gives no `max_tokens`.
     pub default_output_tokens: u32,
 }
@@ -166,6 +175,7 @@ impl Default for CostModelConfig {
             kv_pressure_tokens: 32_000.0,
             work_weight: 3.0,
             decode_delay_weight: 0.05,
+            future_work_weight: 0.0,
             default_output_tokens: 256,
         }
     }
@@ -341,6 +351,7 @@ impl RouterConfig {
             ("cost.kv_pressure_tokens", c.kv_pressure_tokens),
             ("cost.work_weight", c.work_weight),
             ("cost.decode_delay_weight", c.decode_delay_weight),
+            ("cost.future_work_weight", c.future_work_weight),
             ("epsilon", self.epsilon),
             ("linear_overlap_weight", self.linear_overlap_weight),
             ("busy_kv_usage", self.busy_kv_usage),

@@ -14,8 +14,11 @@
 //! pressure = σ × kv_pressure_tokens × ((u - start) / (1 - start))²    u: KV occupancy after booking
 //! cost     = ttft + pressure + work_weight × busy × σ × (U − U_min)
 //!                 + decode_delay_weight × D × σ × U
+//!                 + future_work_weight × σ × U_min × R × (s − s_min) / Σs
 //! busy     = 1 if anything is queued or decoding there, else 0
 //! U_min    = the fewest uncached tokens of any candidate
+//! s        = prefill tokens recently routed to the replica (decayed per
+//!            decision), s_min the least of any candidate, R the candidates
 //! ```
 //!
 //! Every term is non-decreasing in the load (P, D, occupancy) and
@@ -162,6 +165,29 @@ pub(crate) fn decode_delay_charge(c: &CostModelConfig, p: &Prediction, decoding:
     c.decode_delay_weight * p.prefill_s * f64::from(decoding)
 }
 
+/// The future-work charge of a candidate (docs/routing.md, "Future work"):
+/// the session a request belongs to will send its later turns wherever
+/// its prefix lands, each about as much new work as this request needs at
+/// best (`floor_tokens`, the fewest uncached tokens of any candidate). A
+/// replica that was recently given `excess` × (1 ÷ replicas) more of the
+/// fleet's requests than the least-given one is charged that work's prefill
+/// time (at this replica's rate) times `excess`, at `future_work_weight`.
+/// The same tokens are charged on every candidate, so a continuing session
+/// keeps its cache advantage and a new session (whose floor is most of its
+/// prompt) is spread.
+pub(crate) fn future_charge(
+    c: &CostModelConfig,
+    p: &Prediction,
+    floor_tokens: u64,
+    excess: f64,
+) -> f64 {
+    if p.uncached_tokens == 0 || excess <= 0.0 {
+        return 0.0;
+    }
+    let per_token = p.prefill_s / p.uncached_tokens as f64;
+    c.future_work_weight * per_token * floor_tokens as f64 * excess
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +244,15 @@ mod tests {
         assert_eq!(r(decode_delay_charge(&c, &a, 30)), 0.0188);
         assert_eq!(r(decode_delay_charge(&c, &b, 10)), 0.0063);
         assert_eq!(decode_delay_charge(&c, &cold, 0), 0.0);
+        // The future-work charge: every candidate is charged the same
+        // floor tokens, scaled by how far its recent share of the fleet's
+        // prefill work is above the least share; none when shares are even.
+        // (Off by default; at weight 1 here.)
+        assert_eq!(future_charge(&c, &a, floor, 1.0), 0.0);
+        let on = CostModelConfig { future_work_weight: 1.0, ..c.clone() };
+        assert_eq!(future_charge(&on, &a, floor, 0.0), 0.0);
+        assert_eq!(r(future_charge(&on, &cold, floor, 0.5)), r(200.0 / 16_000.0 * 0.5));
+        assert_eq!(future_charge(&on, &a, floor, 1.0), future_charge(&on, &cold, floor, 1.0));
         // The costs as the decision sums them (the table's last row).
         let total = |p: &Prediction, d| p.cost + decode_delay_charge(&c, p, d);
         assert_eq!(

@@ -9,7 +9,9 @@ use kvgate_index::{BlockKey, Index, PrefixMatch, ReplicaId};
 
 use crate::calibrate::SampleBasis;
 use crate::config::{AdmissionMode, PolicyKind};
-use crate::cost::{decode_delay_charge, predict, work_charge, CostInputs, Prediction};
+use crate::cost::{
+    decode_delay_charge, future_charge, predict, work_charge, CostInputs, Prediction,
+};
 use crate::explain::{Candidate, Explanation, Reason};
 use crate::ledger::{lock, Booking};
 use crate::replica::Health;
@@ -187,6 +189,7 @@ impl Router {
                 }
                 self.decisions += 1;
                 self.last_chosen[slot] = self.decisions;
+                self.attract(slot, pred.uncached_tokens);
                 if req.queued_since.is_some() {
                     RouterMetrics::inc(&self.metrics.routed_after_wait);
                 }
@@ -311,13 +314,19 @@ impl Router {
             });
             preds.push(pred);
         }
-        // The fleet-work charge (relative to the best placement) and the
-        // decode-delay charge (cost.rs).
+        // The fleet-work charge (relative to the best placement), the
+        // decode-delay charge and the future-work charge (cost.rs).
         let floor = preds.iter().map(|p| p.uncached_tokens).min().unwrap_or(0);
+        let share = |c: &Candidate| self.attracted.get(c.replica.index()).copied().unwrap_or(0.0);
+        let total: f64 = cands.iter().map(share).sum();
+        let least = cands.iter().map(share).fold(f64::INFINITY, f64::min);
+        let n = cands.len() as f64;
         for (c, p) in cands.iter_mut().zip(preds.iter_mut()) {
             let busy = c.pending_prefill_tokens > 0 || c.decoding > 0;
+            let excess = if total > 0.0 { n * (share(c) - least) / total } else { 0.0 };
             let w = work_charge(&cfg.cost, p, floor, busy)
-                + decode_delay_charge(&cfg.cost, p, c.decoding);
+                + decode_delay_charge(&cfg.cost, p, c.decoding)
+                + future_charge(&cfg.cost, p, floor, excess);
             p.cost += w;
             c.score += w;
         }
@@ -377,6 +386,24 @@ impl Router {
         });
         self.log.push(e.clone());
         Some(e)
+    }
+}
+
+/// How many decisions per replica the future-work shares remember: each
+/// decision keeps `1 − 1 / (ATTRACT_MEMORY × replicas)` of every share.
+pub(crate) const ATTRACT_MEMORY: f64 = 8.0;
+
+impl Router {
+    /// Counts `work` prefill tokens routed to `slot` in the decayed shares.
+    fn attract(&mut self, slot: usize, work: u64) {
+        if self.attracted.len() <= slot {
+            self.attracted.resize(slot + 1, 0.0);
+        }
+        let keep = 1.0 - 1.0 / (ATTRACT_MEMORY * self.order.len().max(1) as f64);
+        for a in &mut self.attracted {
+            *a *= keep;
+        }
+        self.attracted[slot] += work as f64;
     }
 }
 

@@ -78,6 +78,10 @@ pub struct Router {
     /// Per replica index: the routed-decision count when it was last
     /// chosen (0: never), for `Selection::Rotate`.
     pub(crate) last_chosen: Vec<u64>,
+    /// Per replica slot: requests routed there, decayed by
+    /// [`crate::decide::ATTRACT_MEMORY`] × replicas per decision (the
+    /// future-work charge's shares).
+    pub(crate) attracted: Vec<f64>,
     /// Routed decisions so far.
     pub(crate) decisions: u64,
 }
@@ -118,6 +122,7 @@ impl Router {
             tentative_outbox: None,
             tentative_outbox_dropped: 0,
             last_chosen: Vec::new(),
+            attracted: Vec::new(),
             decisions: 0,
         })
     }

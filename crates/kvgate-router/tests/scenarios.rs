@@ -452,9 +452,10 @@ fn mixed_system_prompts_beat_round_robin() {
 fn new_sessions_spread_while_continuing_sessions_stick() {
     const SESSIONS: usize = 24;
     const TURNS: usize = 8;
-    let run = |decode_delay_weight: f64| {
+    let run = |decode_delay_weight: f64, future_work_weight: f64| {
         let mut router = support::router_config(PolicyKind::KvAware);
         router.cost.decode_delay_weight = decode_delay_weight;
+        router.cost.future_work_weight = future_work_weight;
         let configs = (0..4).map(|_| support::engine_config(TimingModel::llmd_qwen3_32b()));
         let mut fleet = Fleet::new(configs.collect(), router);
         let mut rng = Rng::new(5);
@@ -495,21 +496,30 @@ fn new_sessions_spread_while_continuing_sessions_stick() {
         let tt = ttfts(&fleet, 0..n);
         (stayed as f64 / continuing as f64, sessions_on, p(&tt, 0.5), p(&tt, 0.9))
     };
-    let (stick, on, p50, p90) =
-        run(support::router_config(PolicyKind::KvAware).cost.decode_delay_weight);
-    let (stick0, on0, p50_0, p90_0) = run(0.0);
+    let defaults = support::router_config(PolicyKind::KvAware).cost;
+    let (stick, on, p50, p90) = run(defaults.decode_delay_weight, defaults.future_work_weight);
+    let (stick0, on0, p50_0, p90_0) = run(0.0, 0.0);
+    let (stick_f, on_f, _, _) = run(defaults.decode_delay_weight, 1.0);
     println!(
         "sessions: stick {stick:.3}, new sessions per replica {on:?}, p50 {p50:.3}s p90 {p90:.3}s; \
-         without the decode-delay charge: stick {stick0:.3}, {on0:?}, p50 {p50_0:.3}s p90 {p90_0:.3}s"
+         without the decode-delay charge: stick {stick0:.3}, {on0:?}, p50 {p50_0:.3}s \
+         p90 {p90_0:.3}s; with future_work_weight 1: stick {stick_f:.3}, {on_f:?}"
     );
     assert!(stick >= 0.9, "continuing turns moved: {stick:.3} stayed");
     // Without the charge new sessions pile onto the replicas that hold the
     // shared prompt (15/9/0/0 when written); with it they spread, within
-    // 1.5× of an even share (7/7/6/4). Nothing yet charges a session's later
-    // turns, so the replica that warmed last still gets the fewest.
+    // 1.5× of an even share (7/7/6/4), but the replica that warmed last still
+    // gets the fewest. The future-work charge (off by default) evens that
+    // out too (6/6/6/6) without moving continuing sessions.
     let even = SESSIONS as f64 / 4.0;
     let hi = *on.iter().max().unwrap() as f64;
     let hi0 = *on0.iter().max().unwrap() as f64;
     assert!(hi <= 1.5 * even, "new sessions piled up: {on:?}");
     assert!(hi < hi0, "the charge did not spread sessions: {on:?} vs {on0:?}");
+    assert!(stick_f >= 0.9, "continuing turns moved with the future-work charge: {stick_f:.3}");
+    let spread = |on: &[usize; 4]| on.iter().max().unwrap() - on.iter().min().unwrap();
+    assert!(
+        spread(&on_f) < spread(&on),
+        "the future-work charge did not even out {on:?}: {on_f:?}"
+    );
 }
