@@ -155,8 +155,8 @@ pub struct CostModelConfig {
     /// charged, for this request's own prefill time, the difference of the
     /// two shares times the number of replicas (docs/routing.md, "Future
     /// work"). A continuing session keeps its cache advantage; a new one is
-    /// spread. Off (0) by default: it helps session traffic in fast mode but
-    /// moved placements in a light live chat run (docs/routing.md).
+    /// spread. Only a busy candidate pays it: piling sessions onto an idle
+    /// replica costs nobody anything. 0 turns it off.
     pub future_work_weight: f64,
     /// Output tokens assumed when a request gives no `max_tokens`.
     pub default_output_tokens: u32,
@@ -175,7 +175,7 @@ impl Default for CostModelConfig {
             kv_pressure_tokens: 32_000.0,
             work_weight: 3.0,
             decode_delay_weight: 0.05,
-            future_work_weight: 0.0,
+            future_work_weight: 1.0,
             default_output_tokens: 256,
         }
     }

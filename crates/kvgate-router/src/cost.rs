@@ -247,8 +247,6 @@ mod tests {
         // The future-work charge: every candidate is charged the same
         // floor tokens, scaled by how far its recent share of the fleet's
         // prefill work is above the least share; none when shares are even.
-        // (Off by default; at weight 1 here.)
-        assert_eq!(future_charge(&c, &a, floor, 1.0), 0.0);
         let on = CostModelConfig { future_work_weight: 1.0, ..c.clone() };
         assert_eq!(future_charge(&on, &a, floor, 0.0), 0.0);
         assert_eq!(r(future_charge(&on, &cold, floor, 0.5)), r(200.0 / 16_000.0 * 0.5));

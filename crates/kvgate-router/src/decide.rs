@@ -326,7 +326,8 @@ impl Router {
             let excess = if total > 0.0 { n * (share(c) - least) / total } else { 0.0 };
             let w = work_charge(&cfg.cost, p, floor, busy)
                 + decode_delay_charge(&cfg.cost, p, c.decoding)
-                + future_charge(&cfg.cost, p, floor, excess);
+                // An idle replica delays nobody's future turns.
+                + future_charge(&cfg.cost, p, floor, if busy { excess } else { 0.0 });
             p.cost += w;
             c.score += w;
         }

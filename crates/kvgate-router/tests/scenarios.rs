@@ -499,27 +499,27 @@ fn new_sessions_spread_while_continuing_sessions_stick() {
     let defaults = support::router_config(PolicyKind::KvAware).cost;
     let (stick, on, p50, p90) = run(defaults.decode_delay_weight, defaults.future_work_weight);
     let (stick0, on0, p50_0, p90_0) = run(0.0, 0.0);
-    let (stick_f, on_f, _, _) = run(defaults.decode_delay_weight, 1.0);
+    let (stick_f, on_f, _, _) = run(defaults.decode_delay_weight, 0.0);
     println!(
         "sessions: stick {stick:.3}, new sessions per replica {on:?}, p50 {p50:.3}s p90 {p90:.3}s; \
          without the decode-delay charge: stick {stick0:.3}, {on0:?}, p50 {p50_0:.3}s \
-         p90 {p90_0:.3}s; with future_work_weight 1: stick {stick_f:.3}, {on_f:?}"
+         p90 {p90_0:.3}s; without the future-work charge: stick {stick_f:.3}, {on_f:?}"
     );
     assert!(stick >= 0.9, "continuing turns moved: {stick:.3} stayed");
-    // Without the charge new sessions pile onto the replicas that hold the
-    // shared prompt (15/9/0/0 when written); with it they spread, within
-    // 1.5× of an even share (7/7/6/4), but the replica that warmed last still
-    // gets the fewest. The future-work charge (off by default) evens that
-    // out too (6/6/6/6) without moving continuing sessions.
+    // Without the charges new sessions pile onto the replicas that hold the
+    // shared prompt (15/9/0/0 when written); with the decode-delay charge
+    // alone they spread within 1.5× of an even share (7/7/6/4), but the
+    // replica that warmed last still gets the fewest; the future-work charge
+    // evens that out too without moving continuing sessions.
     let even = SESSIONS as f64 / 4.0;
     let hi = *on.iter().max().unwrap() as f64;
     let hi0 = *on0.iter().max().unwrap() as f64;
     assert!(hi <= 1.5 * even, "new sessions piled up: {on:?}");
     assert!(hi < hi0, "the charge did not spread sessions: {on:?} vs {on0:?}");
-    assert!(stick_f >= 0.9, "continuing turns moved with the future-work charge: {stick_f:.3}");
+    assert!(stick_f >= 0.9, "continuing turns moved: {stick_f:.3}");
     let spread = |on: &[usize; 4]| on.iter().max().unwrap() - on.iter().min().unwrap();
     assert!(
-        spread(&on_f) < spread(&on),
+        spread(&on) < spread(&on_f),
         "the future-work charge did not even out {on:?}: {on_f:?}"
     );
 }
