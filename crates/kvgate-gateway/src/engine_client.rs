@@ -106,10 +106,10 @@ impl EngineClient for HttpEngines {
             rb = rb.bearer_auth(k);
         }
         Box::pin(async move {
-            let resp = rb.send().await.map_err(send_error)?;
+            let mut resp = rb.send().await.map_err(send_error)?;
             Ok(EngineResponse {
                 status: resp.status().as_u16(),
-                headers: resp.headers().clone(),
+                headers: std::mem::take(resp.headers_mut()),
                 body: resp.bytes_stream().map_err(|e| e.to_string()).boxed(),
             })
         })

@@ -20,6 +20,16 @@ pub(crate) enum Source {
     Gateway,
 }
 
+impl Source {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Source::Client => "client",
+            Source::Engine => "engine",
+            Source::Gateway => "gateway",
+        }
+    }
+}
+
 /// Which counter a reason is counted in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Family {

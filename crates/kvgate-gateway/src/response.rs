@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use kvgate_openai::ErrorResponse;
 
 use crate::metrics::Metrics;
-use crate::request_error::{Family, RequestError, Source};
+use crate::request_error::{Family, RequestError};
 
 /// The answer to a request on `route` (a generation route's label) that
 /// ends in `e`, counted: `kvgate_requests_total{route,status,replica}`
@@ -23,14 +23,11 @@ pub(crate) fn answer(
     e: &RequestError,
 ) -> Response {
     metrics.request(route, e.status(), replica);
+    // Debug only: under overload every shed request ends here, and engine
+    // failures were logged (warn) where they happened.
     let (reason, status, message) = (e.reason.label(), e.status(), &e.body.error.message);
-    match e.reason.source() {
-        // The client's own doing: not kvgate's or an engine's problem.
-        Source::Client => tracing::debug!(route, reason, status, %message, "request refused"),
-        Source::Gateway | Source::Engine => {
-            tracing::info!(route, replica, reason, status, %message, "request failed")
-        }
-    }
+    let source = e.reason.source().label();
+    tracing::debug!(route, replica, reason, source, status, %message, "request not served");
     if e.reason.family() == Family::Rejected {
         metrics.count(e.reason);
     }

@@ -3,7 +3,7 @@
 //!
 //! Fleet state (index, router, replica status) sits behind one lock,
 //! [`FleetHandle`], taken through closures: none is held across an `.await`.
-//! The replica list is a separate `RwLock`, never taken inside the fleet's.
+//! The replica directory is read lock-free (`directory.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -150,10 +150,10 @@ pub struct CostModelConfig {
     /// replicas; 0 turns it off.
     pub decode_delay_weight: f64,
     /// Weight of the future work a placement attracts: a session's later
-    /// turns follow its prefix to wherever it lands, so a replica that has
-    /// recently been given more of the fleet's requests than another is
-    /// charged, for this request's own prefill time, the difference of the
-    /// two shares times the number of replicas (docs/routing.md, "Future
+    /// turns follow its prefix to wherever it lands, so a replica whose
+    /// share of recently routed prefill work is above the least share is
+    /// charged the prefill time of the request's least work anywhere times
+    /// that excess times the number of replicas (docs/routing.md, "Future
     /// work"). A continuing session keeps its cache advantage; a new one is
     /// spread. Only a busy candidate pays it: piling sessions onto an idle
     /// replica costs nobody anything. 0 turns it off.

@@ -14,7 +14,7 @@
 //! pressure = σ × kv_pressure_tokens × ((u - start) / (1 - start))²    u: KV occupancy after booking
 //! cost     = ttft + pressure + work_weight × busy × σ × (U − U_min)
 //!                 + decode_delay_weight × D × σ × U
-//!                 + future_work_weight × σ × U_min × R × (s − s_min) / Σs
+//!                 + future_work_weight × busy × σ × U_min × R × (s − s_min) / Σs
 //! busy     = 1 if anything is queued or decoding there, else 0
 //! U_min    = the fewest uncached tokens of any candidate
 //! s        = prefill tokens recently routed to the replica (decayed per
@@ -170,7 +170,7 @@ pub(crate) fn decode_delay_charge(c: &CostModelConfig, p: &Prediction, decoding:
 /// its prefix lands, each about as much new work as this request needs at
 /// best (`floor_tokens`, the fewest uncached tokens of any candidate). A
 /// replica that was recently given `excess` × (1 ÷ replicas) more of the
-/// fleet's requests than the least-given one is charged that work's prefill
+/// fleet's prefill work than the least-given one is charged that work's prefill
 /// time (at this replica's rate) times `excess`, at `future_work_weight`.
 /// The same tokens are charged on every candidate, so a continuing session
 /// keeps its cache advantage and a new session (whose floor is most of its

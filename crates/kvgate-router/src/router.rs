@@ -78,7 +78,7 @@ pub struct Router {
     /// Per replica index: the routed-decision count when it was last
     /// chosen (0: never), for `Selection::Rotate`.
     pub(crate) last_chosen: Vec<u64>,
-    /// Per replica slot: requests routed there, decayed by
+    /// Per replica slot: prefill tokens routed there, decayed by
     /// [`crate::decide::ATTRACT_MEMORY`] × replicas per decision (the
     /// future-work charge's shares).
     pub(crate) attracted: Vec<f64>,
