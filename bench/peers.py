@@ -47,6 +47,8 @@ MODEL = "Qwen/Qwen3-0.6B"
 # Pinned peers and the client (issue 17). Verified after install, before any run.
 PINS = {"vllm": "0.33.0", "vllm-router": "0.1.17", "smg": "1.13.0"}
 DYNAMO_PIN = {"ai-dynamo": "1.6.1"}
+# --diagnose: kvgate keeps and saves every routing decision of a run.
+DIAGNOSE = False
 
 # The fleet (issue 17): 4 sims, llm-d's Qwen3-32B timing, 4x real time,
 # 4,096 GPU blocks each unless the workload's working set needs fewer.
@@ -677,6 +679,9 @@ class Router:
                 "--set", f"router.policy={self.cfg['policy']}",
                 "--set", f"model.served_name={MODEL}",
             ]
+            if DIAGNOSE:
+                # keep every decision of the run for admin_decisions.json
+                argv += ["--set", "router.explain_last=10000"]
             for i, u in enumerate(fleet.urls):
                 argv += ["--replica", f"{u},events=tcp://127.0.0.1:{fleet.events[i]},"
                          f"replay=tcp://127.0.0.1:{fleet.replay[i]},block_size={fleet.spec['block_size']}"]
@@ -980,6 +985,10 @@ def measure_repeat(args, rid: str, wname: str, level: str, rate: float, n: int, 
             st, body = http("GET", router.admin + "/admin/replicas", timeout=5.0)
             if st == 200:
                 (workdir / "admin_replicas.json").write_bytes(body)
+            if DIAGNOSE:
+                st, body = http("GET", router.admin + "/admin/decisions?limit=10000", timeout=30.0)
+                if st == 200:
+                    (workdir / "admin_decisions.json").write_bytes(body)
         if not router.proc.alive():
             raise router.proc.fail("died during the run")
         if not fleet.proc.alive():
@@ -1155,8 +1164,12 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="output folder (default .cache/bench/results/<timestamp>)")
     ap.add_argument("--no-build", action="store_true", help="use target/release/kvgate as it is")
     ap.add_argument("--no-install", action="store_true", help="only verify the pinned versions")
+    ap.add_argument("--diagnose", action="store_true",
+                    help="kvgate keeps every routing decision; each kvgate run saves admin_decisions.json")
     ap.add_argument("--client-timeout", type=float, default=None, help="seconds before a client run is killed")
     args = ap.parse_args()
+    global DIAGNOSE
+    DIAGNOSE = args.diagnose
 
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)

@@ -15,17 +15,27 @@ use kvgate_router::{Explanation, Reason};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::config::ReplicaConfig;
-
-use crate::registry;
+use crate::config::{GatewayConfig, ReplicaConfig};
+use crate::directory::Directory;
+use crate::fleet_view::FleetView;
+use crate::registry::Registry;
 use crate::response::error_response;
-use crate::state::Shared;
 
-type S = State<Arc<Shared>>;
+/// What the admin handlers use: the fleet's snapshot and decision log to
+/// read, the registry to change the replicas with, and the running config
+/// that a replica added at runtime is validated against.
+#[derive(Debug)]
+pub(crate) struct AdminContext {
+    pub(crate) view: Arc<FleetView>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) config: GatewayConfig,
+}
+
+type S = State<Arc<AdminContext>>;
 
 /// `GET /admin/replicas`: the fleet snapshot.
 pub(crate) async fn replicas(State(s): S) -> Response {
-    Json(s.snapshot(Instant::now())).into_response()
+    Json(s.view.snapshot(Instant::now())).into_response()
 }
 
 #[derive(Debug, Deserialize)]
@@ -42,8 +52,8 @@ fn reason_json(r: &Reason) -> Value {
 }
 
 /// One explanation as JSON, replica ids turned into names.
-pub(crate) fn explanation_json(s: &Shared, e: &Explanation, now: Instant) -> Value {
-    let name = |id| s.replica(id).map_or_else(|| format!("#{}", id.0), |r| r.name.clone());
+pub(crate) fn explanation_json(replicas: &Directory, e: &Explanation, now: Instant) -> Value {
+    let name = |id| replicas.get(id).map_or_else(|| format!("#{}", id.0), |r| r.name.clone());
     let candidates: Vec<Value> = e
         .candidates
         .iter()
@@ -77,16 +87,16 @@ pub(crate) fn explanation_json(s: &Shared, e: &Explanation, now: Instant) -> Val
 
 /// The last `limit` decisions as JSON, newest first (`/admin/decisions` and
 /// the dashboard).
-pub(crate) fn recent_decisions_json(s: &Shared, limit: usize, now: Instant) -> Vec<Value> {
+pub(crate) fn recent_decisions_json(view: &FleetView, limit: usize, now: Instant) -> Vec<Value> {
     let recent: Vec<_> =
-        s.fleet.with(|f| f.router().recent_decisions().rev().take(limit).cloned().collect());
-    recent.iter().map(|e| explanation_json(s, e, now)).collect()
+        view.fleet.with(|f| f.router().recent_decisions().rev().take(limit).cloned().collect());
+    recent.iter().map(|e| explanation_json(&view.replicas, e, now)).collect()
 }
 
 /// `GET /admin/decisions?limit=N`: the last decisions, newest first.
 pub(crate) async fn decisions(State(s): S, Query(q): Query<DecisionsQuery>) -> Response {
     let limit = q.limit.unwrap_or(50).min(10_000);
-    let out = recent_decisions_json(&s, limit, Instant::now());
+    let out = recent_decisions_json(&s.view, limit, Instant::now());
     Json(json!({"decisions": out})).into_response()
 }
 
@@ -103,7 +113,7 @@ pub(crate) async fn add_replica(State(s): S, body: Bytes) -> Response {
     if let Err(e) = check.validate() {
         return error_response(&ErrorResponse::invalid_request(e.to_string()));
     }
-    match registry::add_ranks(&s, cfg) {
+    match s.registry.add_ranks(cfg) {
         Ok(added) => {
             let names: Vec<&str> = added.iter().map(|r| r.name.as_str()).collect();
             let body = match names.as_slice() {
@@ -116,8 +126,8 @@ pub(crate) async fn add_replica(State(s): S, body: Bytes) -> Response {
     }
 }
 
-fn find(s: &Shared, name: &str) -> Result<Arc<crate::replica::Replica>, Box<Response>> {
-    s.replica_by_name(name).ok_or_else(|| {
+fn find(s: &AdminContext, name: &str) -> Result<Arc<crate::replica::Replica>, Box<Response>> {
+    s.registry.by_name(name).ok_or_else(|| {
         Box::new(error_response(&ErrorResponse::not_found(format!("no replica named {name:?}"))))
     })
 }
@@ -126,7 +136,7 @@ fn find(s: &Shared, name: &str) -> Result<Arc<crate::replica::Replica>, Box<Resp
 pub(crate) async fn drain_replica(State(s): S, Path(name): Path<String>) -> Response {
     match find(&s, &name) {
         Ok(r) => {
-            registry::drain(&s, &r);
+            s.registry.drain(&r);
             Json(json!({"draining": r.name})).into_response()
         }
         Err(resp) => *resp,
@@ -141,7 +151,7 @@ pub(crate) async fn replica_blocks(State(s): S, Path(name): Path<String>) -> Res
         Ok(r) => r,
         Err(resp) => return *resp,
     };
-    let [gpu, cpu, storage] = s.fleet.with(|f| {
+    let [gpu, cpu, storage] = s.view.fleet.with(|f| {
         [Tier::Gpu, Tier::Cpu, Tier::Storage]
             .map(|t| f.index().engine_hashes(r.id, t).unwrap_or_default())
     });
@@ -158,7 +168,7 @@ pub(crate) async fn replica_blocks(State(s): S, Path(name): Path<String>) -> Res
 pub(crate) async fn remove_replica(State(s): S, Path(name): Path<String>) -> Response {
     match find(&s, &name) {
         Ok(r) => {
-            registry::remove(&s, &r);
+            s.registry.remove(&r);
             Json(json!({"removed": r.name})).into_response()
         }
         Err(resp) => *resp,

@@ -13,15 +13,40 @@ use axum::Json;
 use kvgate_openai::ErrorResponse;
 use serde_json::{json, Value};
 
-use crate::forward::forward;
+use kvgate_tokenize::service::TokenizeService;
+use tokio::sync::{watch, Semaphore};
 
-use crate::prepare;
+use crate::config::ModelConfig;
+use crate::fleet_handle::FleetHandle;
+use crate::fleet_view::FleetView;
+use crate::forward::{forward, Forwarder};
+use crate::metrics::Metrics;
+use crate::prepare::{self, Preparer};
 use crate::request_error::{Reason, RequestError};
 use crate::response::{answer, error_response};
 use crate::route::Route;
-use crate::state::Shared;
 
-type S = State<Arc<Shared>>;
+/// What the client-facing handlers use, built once by the wiring: the
+/// request path's stages (`preparer`, `forwarder`) and what sheds before
+/// them (`closing`, `inflight`), the model's settings, the tokenizer for
+/// `/tokenize`, the fleet for readiness and adapters, and the snapshot and
+/// metrics for `/metrics`.
+#[derive(Debug)]
+pub(crate) struct ApiContext {
+    pub(crate) model: ModelConfig,
+    /// Set on shutdown: new requests get 503, readiness says no.
+    pub(crate) closing: watch::Receiver<bool>,
+    /// Requests in flight, bounded by `limits.max_concurrent_requests`.
+    pub(crate) inflight: Arc<Semaphore>,
+    pub(crate) preparer: Preparer,
+    pub(crate) forwarder: Forwarder,
+    pub(crate) tokenizer: Arc<TokenizeService>,
+    pub(crate) fleet: Arc<FleetHandle>,
+    pub(crate) view: Arc<FleetView>,
+    pub(crate) metrics: Arc<Metrics>,
+}
+
+type S = State<Arc<ApiContext>>;
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -35,7 +60,7 @@ pub(crate) async fn completions(State(s): S, headers: HeaderMap, body: Bytes) ->
     generate(s, Route::Completions, headers, body).await
 }
 
-async fn generate(s: Arc<Shared>, route: Route, headers: HeaderMap, body: Bytes) -> Response {
+async fn generate(s: Arc<ApiContext>, route: Route, headers: HeaderMap, body: Bytes) -> Response {
     let t0 = Instant::now();
     let label = route.label();
     if *s.closing.borrow() {
@@ -66,7 +91,8 @@ async fn generate(s: Arc<Shared>, route: Route, headers: HeaderMap, body: Bytes)
                 predicted_ttft_s = tracing::field::Empty,
                 reason = tracing::field::Empty,
             );
-            tracing::Instrument::instrument(forward(s, p, &headers, permit, t0), span).await
+            tracing::Instrument::instrument(forward(&s.forwarder, p, &headers, permit, t0), span)
+                .await
         }
         Err(e) => answer(&s.metrics, label, "", &RequestError::new(Reason::Invalid, *e)),
     }
@@ -75,7 +101,7 @@ async fn generate(s: Arc<Shared>, route: Route, headers: HeaderMap, body: Bytes)
 /// The served model, then each LoRA adapter with the model as its parent,
 /// as vLLM lists them.
 pub(crate) async fn models(State(s): S) -> Json<Value> {
-    let model = &s.config.model;
+    let model = &s.model;
     let created = unix_now();
     let card = |id: &str, parent: Option<&str>| {
         json!({
@@ -90,7 +116,7 @@ pub(crate) async fn models(State(s): S) -> Json<Value> {
         })
     };
     let base = std::iter::once(card(&model.served_name, None));
-    let served = s.adapters();
+    let served = s.fleet.adapters(&model.lora_adapters);
     let adapters = served.iter().map(|a| card(a, Some(&model.served_name)));
     Json(json!({ "object": "list", "data": base.chain(adapters).collect::<Vec<_>>() }))
 }
@@ -106,7 +132,7 @@ pub(crate) async fn tokenize(State(s): S, body: Bytes) -> Response {
         return bad("the body is not valid JSON");
     };
     if let Some(m) = value.get("model").and_then(Value::as_str) {
-        let model = &s.config.model;
+        let model = &s.model;
         let adapter =
             model.lora_adapters.iter().any(|a| a == m) || s.fleet.engine_serves_adapter(m);
         if m != model.served_name && !adapter {
@@ -119,7 +145,7 @@ pub(crate) async fn tokenize(State(s): S, body: Bytes) -> Response {
     match tokens {
         Ok(tokens) => Json(json!({
             "count": tokens.len(),
-            "max_model_len": s.config.model.max_model_len,
+            "max_model_len": s.model.max_model_len,
             "tokens": tokens,
             "token_strs": null,
         }))
@@ -167,7 +193,7 @@ pub(crate) async fn ready(State(s): S) -> Response {
 
 /// Prometheus metrics (OpenMetrics text).
 pub(crate) async fn metrics(State(s): S) -> Response {
-    let snap = s.snapshot(Instant::now());
+    let snap = s.view.snapshot(Instant::now());
     let text = s.metrics.render(&snap);
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }

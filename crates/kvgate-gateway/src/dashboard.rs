@@ -35,18 +35,42 @@ use axum::Router;
 use futures_util::Stream;
 use kvgate_openai::ErrorResponse;
 
+use tokio::sync::watch;
+
 use crate::auth;
+use crate::config::DashboardConfig;
+use crate::fleet_view::FleetView;
+use crate::metrics::Metrics;
 use crate::request_error::Reason;
 use crate::response::error_response;
-use crate::state::Shared;
-use crate::throttle::{KeyKind, KeyVerdict};
-use hub::{FrameText, Hub};
+use crate::throttle::{self, ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
+use hub::{FrameText, Hub, Sampler};
 use session::{Sessions, COOKIE};
+
+/// What the dashboard needs from the gateway (the wiring builds it).
+#[derive(Debug)]
+pub(crate) struct DashboardContext {
+    pub(crate) config: DashboardConfig,
+    /// `auth.admin_key`: as a header it opens the dashboard, and a login
+    /// trades it for a cookie.
+    pub(crate) admin_key: Option<String>,
+    /// Wrong admin keys count here, as on the admin API.
+    pub(crate) throttle: Arc<KeyThrottle>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// What each frame shows.
+    pub(crate) view: Arc<FleetView>,
+    /// Set on shutdown: streams end.
+    pub(crate) closing: watch::Receiver<bool>,
+}
 
 /// What the dashboard's handlers share.
 #[derive(Debug)]
 struct Dashboard {
-    shared: Arc<Shared>,
+    admin_key: Option<String>,
+    throttle: Arc<KeyThrottle>,
+    metrics: Arc<Metrics>,
+    closing: watch::Receiver<bool>,
+    sampler: Arc<Sampler>,
     hub: Arc<Hub>,
     sessions: Sessions,
 }
@@ -70,15 +94,22 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; conn
 
 /// The dashboard's routes, for the admin router. Empty when
 /// `dashboard.enabled` is off.
-pub(crate) fn routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
-    let c = &shared.config.dashboard;
-    if !c.enabled {
+pub(crate) fn routes(ctx: DashboardContext) -> Router {
+    let DashboardContext { config, admin_key, throttle, metrics, view, closing } = ctx;
+    if !config.enabled {
         return Router::new();
     }
+    let sessions = Sessions::new(Duration::from_secs(config.session_s));
+    let sampler =
+        Arc::new(Sampler { config, view, metrics: Arc::clone(&metrics), closing: closing.clone() });
     let dash = Arc::new(Dashboard {
-        shared: Arc::clone(shared),
+        admin_key,
+        throttle,
+        metrics,
+        closing,
+        sampler,
         hub: Arc::new(Hub::new()),
-        sessions: Sessions::new(Duration::from_secs(c.session_s)),
+        sessions,
     });
     let guarded = Router::new()
         .route("/dashboard", get(page))
@@ -96,9 +127,14 @@ impl Dashboard {
     /// The admin key as a header, or a valid login cookie. Open when no
     /// admin key is configured, like the rest of the admin API.
     fn allowed(&self, headers: &HeaderMap) -> bool {
-        auth::admin_allowed(self.shared.config.auth.admin_key.as_ref(), headers)
+        auth::admin_allowed(self.admin_key.as_ref(), headers)
             || auth::cookie(headers, COOKIE)
                 .is_some_and(|t| self.sessions.valid(t, SystemTime::now()))
+    }
+
+    /// An admin-key check through the wrong-key throttle.
+    fn key_verdict(&self, addr: Option<&ClientAddr>, presented: bool, ok: bool) -> KeyVerdict {
+        throttle::verdict(&self.throttle, &self.metrics, addr, KeyKind::Admin, presented, ok)
     }
 }
 
@@ -125,12 +161,12 @@ fn html(status: StatusCode, body: &'static str) -> Response {
 async fn require_login(State(d): D, req: Request, next: Next) -> Response {
     let ok = d.allowed(req.headers());
     let presented = auth::admin_key_presented(req.headers());
-    match d.shared.key_verdict(req.extensions().get(), KeyKind::Admin, presented, ok) {
+    match d.key_verdict(req.extensions().get(), presented, ok) {
         KeyVerdict::Allowed => return harden(next.run(req).await),
         KeyVerdict::Throttled(r) => return harden(r),
         KeyVerdict::Denied => {}
     }
-    d.shared.metrics.count(Reason::Unauthorized);
+    d.metrics.count(Reason::Unauthorized);
     if req.uri().path() == "/dashboard" {
         // The page without data: a form that logs in and reloads.
         html(StatusCode::UNAUTHORIZED, LOGIN_HTML)
@@ -154,18 +190,18 @@ fn set_cookie(value: &str, max_age_s: u64) -> Option<HeaderValue> {
 }
 
 async fn login(State(d): D, req: Request) -> Response {
-    if d.shared.config.auth.admin_key.is_none() {
+    if d.admin_key.is_none() {
         // Nothing to log in to: the admin API is open (on loopback).
         return StatusCode::NO_CONTENT.into_response();
     }
     let headers = req.headers();
-    let ok = auth::admin_allowed(d.shared.config.auth.admin_key.as_ref(), headers);
+    let ok = auth::admin_allowed(d.admin_key.as_ref(), headers);
     let presented = auth::admin_key_presented(headers);
-    match d.shared.key_verdict(req.extensions().get(), KeyKind::Admin, presented, ok) {
+    match d.key_verdict(req.extensions().get(), presented, ok) {
         KeyVerdict::Allowed => {}
         KeyVerdict::Throttled(r) => return harden(r),
         KeyVerdict::Denied => {
-            d.shared.metrics.count(Reason::Unauthorized);
+            d.metrics.count(Reason::Unauthorized);
             return harden(error_response(&ErrorResponse::authentication("wrong admin key")));
         }
     }
@@ -220,7 +256,7 @@ fn frames(
 }
 
 async fn stream(State(d): D) -> Response {
-    let rx = d.hub.subscribe(&d.shared);
-    let closing = d.shared.closing.subscribe();
+    let rx = d.hub.subscribe(&d.sampler);
+    let closing = d.closing.clone();
     Sse::new(frames(rx, closing)).keep_alive(KeepAlive::default()).into_response()
 }

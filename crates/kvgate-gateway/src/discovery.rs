@@ -14,10 +14,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::cluster_config::DiscoveryConfig;
 use crate::config::ReplicaConfig;
-
-use crate::registry;
-use crate::state::Shared;
+use crate::registry::Registry;
 
 /// What to do after a lookup, given the discovered replicas by name.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -57,8 +56,7 @@ fn authority(ip: IpAddr, port: u16) -> String {
     SocketAddr::new(ip, port).to_string()
 }
 
-fn replica_config(shared: &Shared, ip: IpAddr) -> ReplicaConfig {
-    let d = &shared.config.discovery;
+fn replica_config(d: &DiscoveryConfig, ip: IpAddr) -> ReplicaConfig {
     let mut r = ReplicaConfig::new(format!("http://{}", authority(ip, d.http_port)));
     r.name = Some(authority(ip, d.http_port));
     r.events = Some(format!("tcp://{}", authority(ip, d.events_port)));
@@ -69,9 +67,13 @@ fn replica_config(shared: &Shared, ip: IpAddr) -> ReplicaConfig {
     r
 }
 
-/// Runs discovery until `stop`.
-pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
-    let d = shared.config.discovery.clone();
+/// Runs discovery with `d` (`[discovery]`) until `stop`; replicas come and
+/// go through `registry`, the only handle discovery needs.
+pub(crate) async fn run(
+    d: DiscoveryConfig,
+    registry: Arc<Registry>,
+    mut stop: watch::Receiver<bool>,
+) {
     let Some(dns) = d.dns.clone() else { return };
     let mut tick = tokio::time::interval(Duration::from_millis(d.interval_ms));
     let mut discovered: BTreeSet<String> = BTreeSet::new();
@@ -101,7 +103,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         let now = Instant::now();
         for name in &p.add {
             let Some(&ip) = ips.get(name) else { continue };
-            match registry::add(&shared, replica_config(&shared, ip)) {
+            match registry.add(replica_config(&d, ip)) {
                 Ok(_) => {
                     discovered.insert(name.clone());
                     tracing::info!(replica = %name, %dns, "engine discovered");
@@ -110,15 +112,15 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
             }
         }
         for name in &p.undrain {
-            if let Some(r) = shared.replica_by_name(name) {
-                shared.fleet.with(|f| f.set_draining(r.id, false, now));
+            if let Some(r) = registry.by_name(name) {
+                registry.undrain(&r, now);
                 draining.remove(name);
                 tracing::info!(replica = %name, "engine back in DNS; draining stopped");
             }
         }
         for name in &p.drain {
-            if let Some(r) = shared.replica_by_name(name) {
-                registry::drain(&shared, &r);
+            if let Some(r) = registry.by_name(name) {
+                registry.drain(&r);
                 draining.insert(name.clone(), now);
                 tracing::info!(replica = %name, "engine gone from DNS; draining");
             }
@@ -128,9 +130,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         let done: Vec<String> = draining
             .iter()
             .filter(|(name, since)| {
-                let idle = shared
-                    .replica_by_name(name)
-                    .is_none_or(|r| shared.fleet.with(|f| f.idle(r.id)));
+                let idle = registry.by_name(name).is_none_or(|r| registry.idle(&r));
                 idle || now.saturating_duration_since(**since) >= limit
             })
             .map(|(n, _)| n.clone())
@@ -138,8 +138,8 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         for name in done {
             draining.remove(&name);
             discovered.remove(&name);
-            if let Some(r) = shared.replica_by_name(&name) {
-                registry::remove(&shared, &r);
+            if let Some(r) = registry.by_name(&name) {
+                registry.remove(&r);
             }
         }
     }

@@ -40,6 +40,21 @@ impl FleetHandle {
         self.with(|f| f.engine_serves_adapter(model))
     }
 
+    /// Every LoRA adapter served: `declared` (the fleet-wide ones), then
+    /// those the engines list, each once ([`Fleet::adapters`]).
+    pub(crate) fn adapters(&self, declared: &[String]) -> Vec<String> {
+        self.with(|f| f.adapters(declared))
+    }
+
+    /// The replicas that do not serve `adapter` ([`Fleet::without_adapter`]).
+    pub(crate) fn without_adapter(
+        &self,
+        adapter: Option<&str>,
+        declared: &[String],
+    ) -> Vec<ReplicaId> {
+        self.with(|f| f.without_adapter(adapter, declared))
+    }
+
     /// A request or probe to `id` failed ([`Fleet::failed`]).
     pub(crate) fn failed(&self, id: ReplicaId, error: String, failure: Failure, now: Instant) {
         self.with(|f| f.failed(id, error, failure, now));

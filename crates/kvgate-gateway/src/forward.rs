@@ -16,23 +16,46 @@ use kvgate_openai::ErrorResponse;
 use kvgate_router::{Decision, Outcome, RejectReason, RouteRequest, Routed};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::engine_client::{BodyStream, EngineRequest, EngineResponse, SendError};
+use crate::admission::Admission;
+use crate::directory::Directory;
+use crate::engine_client::{BodyStream, EngineClient, EngineRequest, EngineResponse, SendError};
+use crate::fleet_handle::FleetHandle;
+use crate::metrics::Metrics;
 use crate::prepare::Prepared;
 use crate::relay::{Relay, RelayContext};
 use crate::replica::Replica;
 use crate::replica_status::Failure;
 use crate::request_error::{Reason, RequestError};
 use crate::response::answer;
-use crate::state::Shared;
+use crate::settings::RequestLimits;
 
 /// Largest engine error body read to relay its message, bytes.
 const MAX_ERROR_BODY: usize = 64 << 10;
 
-/// An OpenAI-style error response.
+/// What routing and forwarding a request use: the fleet handle (decide,
+/// report failures), the directory (where the chosen replica is), the
+/// admission queue, the engines, the metrics, and the request path's
+/// settings. Built once by the wiring.
+#[derive(Debug)]
+pub(crate) struct Forwarder {
+    pub(crate) fleet: Arc<FleetHandle>,
+    pub(crate) replicas: Arc<Directory>,
+    pub(crate) admission: Arc<Admission>,
+    pub(crate) engines: Arc<dyn EngineClient>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) limits: RequestLimits,
+    /// The fleet's block size, to count cached prompt tokens.
+    pub(crate) block_size: u32,
+    /// `replica_header`: name the replica in `x-kvgate-replica`.
+    pub(crate) replica_header: bool,
+    /// `model.lora_adapters`: adapters every replica serves.
+    pub(crate) lora_adapters: Vec<String>,
+}
+
 /// Routes and forwards `p`; `permit` bounds concurrency for the whole life
 /// of the response, streaming included.
 pub(crate) async fn forward(
-    shared: Arc<Shared>,
+    fwd: &Forwarder,
     p: Prepared,
     client_headers: &HeaderMap,
     permit: OwnedSemaphorePermit,
@@ -42,20 +65,21 @@ pub(crate) async fn forward(
     let fwd_headers = crate::auth::forwarded(client_headers);
     // An adapter an engine listed (not one declared for the whole fleet) is
     // served only by the replicas that list it.
-    let mut exclude: Vec<ReplicaId> = shared.without_adapter(p.adapter.as_deref());
+    let mut exclude: Vec<ReplicaId> =
+        fwd.fleet.without_adapter(p.adapter.as_deref(), &fwd.lora_adapters);
     let not_serving = exclude.len();
     let mut queued_since: Option<Instant> = None;
     let mut last_error: Option<RequestError> = None;
-    let max_retries = shared.settings.request.max_retries;
+    let max_retries = fwd.limits.max_retries;
     // Someone is already waiting for a replica: queue behind them rather
     // than take the next free one first (admission.rs).
-    let mut ticket = (!shared.admission.is_empty()).then(|| {
+    let mut ticket = (!fwd.admission.is_empty()).then(|| {
         queued_since = Some(Instant::now());
-        shared.admission.join()
+        fwd.admission.join()
     });
     loop {
         if let Some(t) = &ticket {
-            shared.admission.turn(t).await;
+            fwd.admission.turn(t).await;
         }
         let now = Instant::now();
         let decision = {
@@ -68,9 +92,9 @@ pub(crate) async fn forward(
                 queued_since,
                 exclude: &exclude,
             };
-            shared.fleet.route(&req, now)
+            fwd.fleet.route(&req, now)
         };
-        shared.metrics.decide_time(now.elapsed().as_secs_f64());
+        fwd.metrics.decide_time(now.elapsed().as_secs_f64());
         if !matches!(decision, Decision::Wait { .. }) {
             // Routed or rejected: the next in line goes now.
             drop(ticket.take());
@@ -80,11 +104,11 @@ pub(crate) async fn forward(
             Decision::Wait { retry_after } => {
                 queued_since.get_or_insert(now);
                 if ticket.is_none() {
-                    ticket = Some(shared.admission.join());
+                    ticket = Some(fwd.admission.join());
                 }
                 // Only the head of the queue gets here; the others wait in
                 // `turn` without asking the router.
-                shared.admission.pause(retry_after).await;
+                fwd.admission.pause(retry_after).await;
                 continue;
             }
             Decision::Reject { reason, retry_after } => {
@@ -103,20 +127,20 @@ pub(crate) async fn forward(
                         ErrorResponse::rate_limited("every replica is busy; retry later"),
                     ),
                 };
-                return answer(&shared.metrics, label, "", &e.retry_after(retry_after));
+                return answer(&fwd.metrics, label, "", &e.retry_after(retry_after));
             }
         };
-        let Some(replica) = shared.replica(routed.replica) else {
+        let Some(replica) = fwd.replicas.get(routed.replica) else {
             // Removed between the decision and now.
             routed.booking.finish(Outcome::Error);
             exclude.push(routed.replica);
             continue;
         };
-        match send(&shared, &p, &replica, &fwd_headers).await {
+        match send(fwd, &p, &replica, &fwd_headers).await {
             Ok(resp) => {
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let cached = u64::from(routed.cached_blocks) * u64::from(shared.block_size);
-                shared.metrics.prompt_tokens(p.prompt_tokens, cached.min(p.prompt_tokens));
+                let cached = u64::from(routed.cached_blocks) * u64::from(fwd.block_size);
+                fwd.metrics.prompt_tokens(p.prompt_tokens, cached.min(p.prompt_tokens));
                 let span = tracing::Span::current();
                 span.record("replica", replica.name.as_str());
                 span.record("cached_blocks", routed.cached_blocks);
@@ -125,18 +149,18 @@ pub(crate) async fn forward(
                     span.record("reason", e.reason.label());
                 }
                 tracing::debug!("routed");
-                return respond(shared, &p, replica, routed, resp, permit, t0).await;
+                return respond(fwd, &p, replica, routed, resp, permit, t0).await;
             }
             Err(err) => {
                 routed.booking.finish(Outcome::Error);
                 let (reason, message) = (err.reason.label(), &err.body.error.message);
                 tracing::warn!(replica = %replica.name, %reason, error = %message, "engine failed; trying another replica");
-                shared.fleet.failed(replica.id, message.clone(), Failure::Error, Instant::now());
-                shared.metrics.count(err.reason);
+                fwd.fleet.failed(replica.id, message.clone(), Failure::Error, Instant::now());
+                fwd.metrics.count(err.reason);
                 exclude.push(replica.id);
                 let tried = exclude.len() - not_serving;
                 if !err.reason.retryable() || tried > max_retries as usize {
-                    return answer(&shared.metrics, label, &replica.name, &err);
+                    return answer(&fwd.metrics, label, &replica.name, &err);
                 }
                 last_error = Some(err);
             }
@@ -146,7 +170,7 @@ pub(crate) async fn forward(
 
 /// Sends the request; `Err` when another replica should be tried.
 async fn send(
-    shared: &Shared,
+    fwd: &Forwarder,
     p: &Prepared,
     replica: &Replica,
     fwd_headers: &[(header::HeaderName, HeaderValue)],
@@ -163,8 +187,8 @@ async fn send(
         headers,
         bearer: replica.config.api_key.clone(),
     };
-    let first_byte = shared.settings.request.first_byte;
-    let resp = match tokio::time::timeout(first_byte, shared.engines.post(req)).await {
+    let first_byte = fwd.limits.first_byte;
+    let resp = match tokio::time::timeout(first_byte, fwd.engines.post(req)).await {
         Err(_) => {
             let e =
                 ErrorResponse::timeout(format!("replica {} did not answer in time", replica.name));
@@ -174,7 +198,7 @@ async fn send(
             // Nothing listens there (refused, unreachable): the replica is
             // gone, not slow; take it out of rotation at once.
             let error = format!("connect failed: {e}");
-            shared.fleet.failed(replica.id, error, Failure::Unreachable, Instant::now());
+            fwd.fleet.failed(replica.id, error, Failure::Unreachable, Instant::now());
             let e =
                 ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name));
             return Err(RequestError::new(Reason::Connect, e));
@@ -224,14 +248,14 @@ async fn read_capped(body: BodyStream, max: usize) -> Result<bytes::Bytes, Strin
     }
 }
 
-fn response_headers(shared: &Shared, replica: &Replica, upstream: &HeaderMap) -> HeaderMap {
+fn response_headers(fwd: &Forwarder, replica: &Replica, upstream: &HeaderMap) -> HeaderMap {
     let mut h = HeaderMap::new();
     for name in [header::CONTENT_TYPE, header::HeaderName::from_static("x-request-id")] {
         if let Some(v) = upstream.get(&name) {
             h.insert(name, v.clone());
         }
     }
-    if shared.config.replica_header {
+    if fwd.replica_header {
         if let Ok(v) = HeaderValue::from_str(&replica.name) {
             h.insert("x-kvgate-replica", v);
         }
@@ -240,7 +264,7 @@ fn response_headers(shared: &Shared, replica: &Replica, upstream: &HeaderMap) ->
 }
 
 async fn respond(
-    shared: Arc<Shared>,
+    fwd: &Forwarder,
     p: &Prepared,
     replica: Arc<Replica>,
     routed: Routed,
@@ -249,7 +273,7 @@ async fn respond(
     t0: Instant,
 ) -> Response {
     let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
-    let headers = response_headers(&shared, &replica, &resp.headers);
+    let headers = response_headers(fwd, &replica, &resp.headers);
     let is_sse = resp
         .headers
         .get(header::CONTENT_TYPE)
@@ -257,11 +281,11 @@ async fn respond(
         .is_some_and(|v| v.starts_with("text/event-stream"));
     let label = p.route.label();
     if p.stream && status.is_success() && is_sse {
-        shared.metrics.request(label, status.as_u16(), &replica.name);
+        fwd.metrics.request(label, status.as_u16(), &replica.name);
         let ctx = RelayContext {
-            metrics: Arc::clone(&shared.metrics),
-            fleet: Arc::clone(&shared.fleet),
-            idle: shared.settings.request.stream_idle,
+            metrics: Arc::clone(&fwd.metrics),
+            fleet: Arc::clone(&fwd.fleet),
+            idle: fwd.limits.stream_idle,
             route: label,
         };
         let relay = Relay::new(ctx, replica, routed.booking, resp.body, permit, t0);
@@ -289,8 +313,8 @@ async fn respond(
         Ok(bytes) => {
             let outcome = if status.is_success() { Outcome::Finished } else { Outcome::Error };
             booking.finish(outcome);
-            shared.metrics.request(label, status.as_u16(), &replica.name);
-            shared.metrics.e2e(label, t0.elapsed().as_secs_f64());
+            fwd.metrics.request(label, status.as_u16(), &replica.name);
+            fwd.metrics.e2e(label, t0.elapsed().as_secs_f64());
             let mut r = Response::new(Body::from(bytes));
             *r.status_mut() = status;
             *r.headers_mut() = headers;
@@ -303,9 +327,9 @@ async fn respond(
                 replica.name
             ));
             let error = err.error.message.clone();
-            shared.fleet.failed(replica.id, error, Failure::Error, Instant::now());
+            fwd.fleet.failed(replica.id, error, Failure::Error, Instant::now());
             let mut r = answer(
-                &shared.metrics,
+                &fwd.metrics,
                 label,
                 &replica.name,
                 &RequestError::new(Reason::Upstream, err),

@@ -31,8 +31,10 @@
 //! - `throttle.rs`: the wrong-key throttle.
 //! - `route.rs`: the two generation routes; `response.rs`: errors as HTTP
 //!   answers, in one place.
-//! - `state.rs`, `snapshot.rs`, `metrics.rs`, `ttft_ring.rs`: shared state,
-//!   its snapshot, Prometheus exposition, recent TTFTs.
+//! - `state.rs`: the wiring's state (`Shared`), and the narrow context each
+//!   component gets from it; `fleet_view.rs`, `snapshot.rs`, `metrics.rs`,
+//!   `ttft_ring.rs`: what the snapshot reads, the snapshot, Prometheus
+//!   exposition, recent TTFTs.
 //! - `locks.rs`: poison-tolerant lock helpers; `upkeep.rs`: the router's
 //!   the fleet's clock (`Fleet::tick` at its next deadline).
 
@@ -52,6 +54,7 @@ mod error;
 mod feed;
 mod fleet;
 mod fleet_handle;
+mod fleet_view;
 mod forward;
 mod locks;
 mod metrics;

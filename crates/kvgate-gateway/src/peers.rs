@@ -37,14 +37,32 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 use crate::auth::{bearer, key_matches};
+use crate::cluster_config::PeersConfig;
+use crate::directory::Directory;
+use crate::fleet_handle::FleetHandle;
 use crate::locks::lock;
-use crate::peer_state::{Known, Target, TargetStats};
+use crate::metrics::Metrics;
+use crate::peer_state::{Known, Peers, Target, TargetStats};
 use crate::request_error::Reason;
-use crate::state::Shared;
-use crate::throttle::{ClientAddr, KeyKind, KeyVerdict};
+use crate::throttle::{self, ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 
 /// The path peers post to.
 pub(crate) const CHANGES_PATH: &str = "/peer/v1/changes";
+
+/// What the peer endpoint and tasks use: `[peers]`, what is known about
+/// each peer, the router (through the fleet handle) whose ledger changes
+/// travel, the directory that maps replica names to local ids, the HTTP
+/// client for sending, and the key throttle for receiving.
+#[derive(Debug)]
+pub(crate) struct PeerContext {
+    pub(crate) config: PeersConfig,
+    pub(crate) peers: Arc<Peers>,
+    pub(crate) fleet: Arc<FleetHandle>,
+    pub(crate) replicas: Arc<Directory>,
+    pub(crate) client: reqwest::Client,
+    pub(crate) throttle: Arc<KeyThrottle>,
+    pub(crate) metrics: Arc<Metrics>,
+}
 
 /// One batch on the wire.
 #[derive(Debug, Serialize, Deserialize)]
@@ -90,16 +108,16 @@ fn unix_ms() -> u64 {
 
 /// `POST /peer/v1/changes`: a peer's batch, applied in order.
 pub(crate) async fn receive(
-    State(s): State<Arc<Shared>>,
+    State(s): State<Arc<PeerContext>>,
     client: Option<axum::Extension<ClientAddr>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let key = s.config.peers.key.as_slice();
+    let key = s.config.key.as_slice();
     let presented = bearer(&headers);
     let ok = presented.is_some_and(|t| key_matches(key, t));
     let addr = client.as_ref().map(|c| &c.0);
-    match s.key_verdict(addr, KeyKind::Peer, presented.is_some(), ok) {
+    match throttle::verdict(&s.throttle, &s.metrics, addr, KeyKind::Peer, presented.is_some(), ok) {
         KeyVerdict::Allowed => {}
         KeyVerdict::Throttled(r) => return r,
         KeyVerdict::Denied => {
@@ -139,7 +157,7 @@ pub(crate) async fn receive(
             .iter()
             .filter_map(|c| match c {
                 WireChange::Tentative { replica, keys } => {
-                    match s.replica_by_name(replica) {
+                    match s.replicas.by_name(replica) {
                         Some(r) => tentative.push((r.id, keys)),
                         None => unknown += 1,
                     }
@@ -149,7 +167,7 @@ pub(crate) async fn receive(
             })
             .map(|c| match c {
                 WireChange::Book { id, replica, prefill_tokens, blocks } => {
-                    s.replica_by_name(replica).map(|r| LedgerChange::Book {
+                    s.replicas.by_name(replica).map(|r| LedgerChange::Book {
                         id: *id,
                         replica: r.id,
                         prefill_tokens: *prefill_tokens,
@@ -187,11 +205,11 @@ pub(crate) async fn receive(
     reply.into_response()
 }
 
-fn wire(s: &Shared, c: &LedgerChange) -> Option<WireChange> {
+fn wire(replicas: &Directory, c: &LedgerChange) -> Option<WireChange> {
     Some(match *c {
         LedgerChange::Book { id, replica, prefill_tokens, blocks } => WireChange::Book {
             id,
-            replica: s.replica(replica)?.name.clone(),
+            replica: replicas.get(replica)?.name.clone(),
             prefill_tokens,
             blocks,
         },
@@ -202,11 +220,11 @@ fn wire(s: &Shared, c: &LedgerChange) -> Option<WireChange> {
 
 /// Sends local changes to every peer, forgets silent peers, and keeps the
 /// target list current (static URLs plus `peers.dns`), until `stop`.
-pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
-    let cfg = shared.config.peers.clone();
-    shared.fleet.with(|f| f.router_mut().share_with_peers(true));
+pub(crate) async fn run(ctx: Arc<PeerContext>, mut stop: watch::Receiver<bool>) {
+    let cfg = ctx.config.clone();
+    ctx.fleet.with(|f| f.router_mut().share_with_peers(true));
     for u in &cfg.urls {
-        add_target(&shared, u.trim_end_matches('/'));
+        add_target(&ctx, u.trim_end_matches('/'));
     }
     let flush = Duration::from_millis(cfg.flush_ms);
     let heartbeat = Duration::from_millis(cfg.timeout_ms / 3);
@@ -225,30 +243,30 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         if let Some(dns) = &cfg.dns {
             if last_resolved.is_none_or(|t| now.duration_since(t) >= resolve_every) {
                 last_resolved = Some(now);
-                resolve(&shared, dns).await;
+                resolve(&ctx, dns).await;
             }
         }
         changes.clear();
         tentative.clear();
-        let dropped = shared.fleet.with(|f| {
+        let dropped = ctx.fleet.with(|f| {
             let router = f.router_mut();
             router.drain_ledger_changes(&mut changes)
                 + router.drain_tentative_changes(&mut tentative)
         });
-        shared.peers.outbox_dropped.store(dropped, Ordering::Relaxed);
+        ctx.peers.outbox_dropped.store(dropped, Ordering::Relaxed);
         if changes.is_empty() && tentative.is_empty() && now.duration_since(last_sent) < heartbeat {
-            forget_silent(&shared, now);
+            forget_silent(&ctx, now);
             continue;
         }
         let batch = WireBatch {
-            instance: shared.peers.instance.clone(),
+            instance: ctx.peers.instance.clone(),
             sent_unix_ms: unix_ms(),
             changes: changes
                 .iter()
-                .filter_map(|c| wire(&shared, c))
+                .filter_map(|c| wire(&ctx.replicas, c))
                 .chain(tentative.drain(..).filter_map(|(r, keys)| {
                     Some(WireChange::Tentative {
-                        replica: shared.replica(r)?.name.clone(),
+                        replica: ctx.replicas.get(r)?.name.clone(),
                         keys: keys.iter().map(|k| k.0).collect(),
                     })
                 }))
@@ -256,36 +274,36 @@ pub(crate) async fn run(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
         };
         let Ok(body) = serde_json::to_vec(&batch) else { continue };
         let body = Bytes::from(body);
-        for t in lock(&shared.peers.targets).values() {
+        for t in lock(&ctx.peers.targets).values() {
             if t.tx.try_send(body.clone()).is_err() {
                 t.stats.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
         last_sent = now;
-        forget_silent(&shared, now);
+        forget_silent(&ctx, now);
     }
-    lock(&shared.peers.targets).clear();
+    lock(&ctx.peers.targets).clear();
 }
 
 /// Releases the bookings of peers silent for longer than the timeout.
-fn forget_silent(shared: &Shared, now: Instant) {
-    let timeout = Duration::from_millis(shared.config.peers.timeout_ms);
-    let gone: Vec<(String, PeerId)> = lock(&shared.peers.known)
+fn forget_silent(ctx: &PeerContext, now: Instant) {
+    let timeout = Duration::from_millis(ctx.config.timeout_ms);
+    let gone: Vec<(String, PeerId)> = lock(&ctx.peers.known)
         .iter()
         .filter(|(_, k)| now.saturating_duration_since(k.last_seen) > timeout)
         .map(|(i, k)| (i.clone(), k.id))
         .collect();
     for (instance, id) in gone {
-        lock(&shared.peers.known).remove(&instance);
-        let released = shared.fleet.with(|f| f.router_mut().forget_peer(id));
-        shared.peers.forgotten.fetch_add(1, Ordering::Relaxed);
+        lock(&ctx.peers.known).remove(&instance);
+        let released = ctx.fleet.with(|f| f.router_mut().forget_peer(id));
+        ctx.peers.forgotten.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(%instance, released, "peer silent too long: forgotten, its bookings released");
     }
 }
 
 /// Resolves `dns` (HOST:PORT) and makes its addresses the DNS-found
 /// targets. A failed lookup keeps the current ones.
-async fn resolve(shared: &Arc<Shared>, dns: &str) {
+async fn resolve(ctx: &Arc<PeerContext>, dns: &str) {
     let addrs = match tokio::net::lookup_host(dns).await {
         Ok(a) => a.collect::<HashSet<SocketAddr>>(),
         Err(e) => {
@@ -294,48 +312,47 @@ async fn resolve(shared: &Arc<Shared>, dns: &str) {
         }
     };
     let wanted: HashSet<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
-    let statics: HashSet<&str> =
-        shared.config.peers.urls.iter().map(|u| u.trim_end_matches('/')).collect();
-    let current: Vec<String> = lock(&shared.peers.targets).keys().cloned().collect();
+    let statics: HashSet<&str> = ctx.config.urls.iter().map(|u| u.trim_end_matches('/')).collect();
+    let current: Vec<String> = lock(&ctx.peers.targets).keys().cloned().collect();
     for url in current {
         if !wanted.contains(&url) && !statics.contains(url.as_str()) {
-            lock(&shared.peers.targets).remove(&url);
+            lock(&ctx.peers.targets).remove(&url);
             tracing::info!(%url, "peer left DNS");
         }
     }
     for url in wanted {
-        add_target(shared, &url);
+        add_target(ctx, &url);
     }
 }
 
-fn add_target(shared: &Arc<Shared>, url: &str) {
-    if lock(&shared.peers.itself).contains(url) {
+fn add_target(ctx: &Arc<PeerContext>, url: &str) {
+    if lock(&ctx.peers.itself).contains(url) {
         return;
     }
-    let mut targets = lock(&shared.peers.targets);
+    let mut targets = lock(&ctx.peers.targets);
     if targets.contains_key(url) {
         return;
     }
-    let (tx, rx) = mpsc::channel(shared.config.peers.queue_batches);
+    let (tx, rx) = mpsc::channel(ctx.config.queue_batches);
     let stats = Arc::new(TargetStats::default());
     targets.insert(url.to_owned(), Target { tx, stats: Arc::clone(&stats) });
-    tokio::spawn(send_loop(Arc::clone(shared), url.to_owned(), rx, stats));
+    tokio::spawn(send_loop(Arc::clone(ctx), url.to_owned(), rx, stats));
     tracing::info!(%url, "peer target added");
 }
 
 /// Posts one target's batches in order until its queue is dropped.
 async fn send_loop(
-    shared: Arc<Shared>,
+    ctx: Arc<PeerContext>,
     url: String,
     mut rx: mpsc::Receiver<Bytes>,
     stats: Arc<TargetStats>,
 ) {
     let endpoint = format!("{url}{CHANGES_PATH}");
-    let key = shared.config.peers.key.clone().unwrap_or_default();
-    let timeout = Duration::from_millis(shared.config.peers.timeout_ms);
+    let key = ctx.config.key.clone().unwrap_or_default();
+    let timeout = Duration::from_millis(ctx.config.timeout_ms);
     let mut failing = false;
     while let Some(body) = rx.recv().await {
-        let sent = shared
+        let sent = ctx
             .client
             .post(&endpoint)
             .bearer_auth(&key)
@@ -360,10 +377,10 @@ async fn send_loop(
             }
         };
         match reply {
-            Some(r) if r.instance == shared.peers.instance => {
+            Some(r) if r.instance == ctx.peers.instance => {
                 tracing::debug!(%url, "peer target is this process; skipping it");
-                lock(&shared.peers.itself).insert(url.clone());
-                lock(&shared.peers.targets).remove(&url);
+                lock(&ctx.peers.itself).insert(url.clone());
+                lock(&ctx.peers.targets).remove(&url);
                 return;
             }
             Some(_) => {

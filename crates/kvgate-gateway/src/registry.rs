@@ -9,103 +9,138 @@ use kvgate_events::subscriber::SubscriberMetrics;
 use tokio::sync::watch;
 
 use crate::config::ReplicaConfig;
+use crate::directory::Directory;
+use crate::engine_client::EngineClient;
+use crate::fleet_handle::FleetHandle;
+use crate::metrics::Metrics;
 use crate::monitor::Prober;
 use crate::replica::Replica;
-use crate::state::Shared;
+use crate::settings::ProbeTiming;
 use crate::supervise::{self, Task};
 
-/// Registers every entry `cfg` stands for (one per data-parallel rank, see
-/// [`ReplicaConfig::ranks`]), all or none.
-pub(crate) fn add_ranks(
-    shared: &Arc<Shared>,
-    cfg: ReplicaConfig,
-) -> Result<Vec<Arc<Replica>>, String> {
-    let mut added = Vec::new();
-    for rank in cfg.ranks()? {
-        match add(shared, rank) {
-            Ok(r) => added.push(r),
-            Err(e) => {
-                for r in &added {
-                    remove(shared, r);
+/// What registering a replica touches: the fleet and the directory change
+/// together, and the new replica's feed and monitor get their handles from
+/// here. The admin API and discovery hold this, not the gateway's state.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    pub(crate) fleet: Arc<FleetHandle>,
+    pub(crate) replicas: Arc<Directory>,
+    /// For each replica's monitor.
+    pub(crate) engines: Arc<dyn EngineClient>,
+    /// For the supervisor's restart counts.
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) probes: ProbeTiming,
+    /// The fleet's one block size: a replica with another is refused.
+    pub(crate) block_size: u32,
+}
+
+impl Registry {
+    /// Registers every entry `cfg` stands for (one per data-parallel rank, see
+    /// [`ReplicaConfig::ranks`]), all or none.
+    pub(crate) fn add_ranks(&self, cfg: ReplicaConfig) -> Result<Vec<Arc<Replica>>, String> {
+        let mut added = Vec::new();
+        for rank in cfg.ranks()? {
+            match self.add(rank) {
+                Ok(r) => added.push(r),
+                Err(e) => {
+                    for r in &added {
+                        self.remove(r);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
         }
+        Ok(added)
     }
-    Ok(added)
-}
 
-/// Registers `cfg` and starts its tasks.
-pub(crate) fn add(shared: &Arc<Shared>, cfg: ReplicaConfig) -> Result<Arc<Replica>, String> {
-    let base = cfg.url.trim_end_matches('/').to_owned();
-    let name = cfg.display_name().trim_end_matches('/').to_owned();
-    if cfg.block_size != shared.block_size {
-        return Err(format!(
-            "block_size {} differs from the fleet's {}",
-            cfg.block_size, shared.block_size
-        ));
-    }
-    let same = |r: &Replica| (r.base == base && r.config.dp_rank == cfg.dp_rank) || r.name == name;
-    if shared.replicas.any(same) {
-        return Err(format!("replica {name} is already registered"));
-    }
-    let route_urls = Replica::parse_route_urls(&base)?;
-    let has_events = cfg.events.is_some();
-    let rank = cfg.dp_rank.unwrap_or(0);
-    let id = shared.fleet.with(|f| f.add(&name, rank, cfg.block_size, has_events))?;
-    let (stop, _) = watch::channel(false);
-    let replica = Arc::new(Replica {
-        id,
-        config: cfg,
-        name,
-        base,
-        route_urls,
-        events: Arc::new(SubscriberMetrics::default()),
-        routed: AtomicU64::new(0),
-        stop,
-    });
-    shared.replicas.add(Arc::clone(&replica));
-    let (fleet, metrics) = (&shared.fleet, &shared.metrics);
-    if replica.config.events.is_some() {
-        let feed_fleet = Arc::clone(fleet);
-        supervise::spawn_replica_task(fleet, metrics, &replica, Task::Feed, move |r| {
-            crate::feed::run(Arc::clone(&feed_fleet), r)
-        });
-    }
-    let prober = Prober {
-        engines: Arc::clone(&shared.engines),
-        fleet: Arc::clone(fleet),
-        timing: shared.settings.probes,
-    };
-    supervise::spawn_replica_task(fleet, metrics, &replica, Task::Monitor, move |r| {
-        let prober = prober.clone();
-        async move {
-            crate::monitor::run(prober, r).await;
-            Ok(())
+    /// Registers `cfg` and starts its tasks.
+    pub(crate) fn add(&self, cfg: ReplicaConfig) -> Result<Arc<Replica>, String> {
+        let base = cfg.url.trim_end_matches('/').to_owned();
+        let name = cfg.display_name().trim_end_matches('/').to_owned();
+        if cfg.block_size != self.block_size {
+            return Err(format!(
+                "block_size {} differs from the fleet's {}",
+                cfg.block_size, self.block_size
+            ));
         }
-    });
-    tracing::info!(
-        replica = %replica.name,
-        events = replica.config.events.as_deref().unwrap_or("none"),
-        replay = replica.config.replay.as_deref().unwrap_or("none"),
-        passthrough = replica.config.passthrough.name(),
-        "replica registered"
-    );
-    Ok(replica)
-}
+        let same =
+            |r: &Replica| (r.base == base && r.config.dp_rank == cfg.dp_rank) || r.name == name;
+        if self.replicas.any(same) {
+            return Err(format!("replica {name} is already registered"));
+        }
+        let route_urls = Replica::parse_route_urls(&base)?;
+        let has_events = cfg.events.is_some();
+        let rank = cfg.dp_rank.unwrap_or(0);
+        let id = self.fleet.with(|f| f.add(&name, rank, cfg.block_size, has_events))?;
+        let (stop, _) = watch::channel(false);
+        let replica = Arc::new(Replica {
+            id,
+            config: cfg,
+            name,
+            base,
+            route_urls,
+            events: Arc::new(SubscriberMetrics::default()),
+            routed: AtomicU64::new(0),
+            stop,
+        });
+        self.replicas.add(Arc::clone(&replica));
+        let (fleet, metrics) = (&self.fleet, &self.metrics);
+        if replica.config.events.is_some() {
+            let feed_fleet = Arc::clone(fleet);
+            supervise::spawn_replica_task(fleet, metrics, &replica, Task::Feed, move |r| {
+                crate::feed::run(Arc::clone(&feed_fleet), r)
+            });
+        }
+        let prober = Prober {
+            engines: Arc::clone(&self.engines),
+            fleet: Arc::clone(fleet),
+            timing: self.probes,
+        };
+        supervise::spawn_replica_task(fleet, metrics, &replica, Task::Monitor, move |r| {
+            let prober = prober.clone();
+            async move {
+                crate::monitor::run(prober, r).await;
+                Ok(())
+            }
+        });
+        tracing::info!(
+            replica = %replica.name,
+            events = replica.config.events.as_deref().unwrap_or("none"),
+            replay = replica.config.replay.as_deref().unwrap_or("none"),
+            passthrough = replica.config.passthrough.name(),
+            "replica registered"
+        );
+        Ok(replica)
+    }
 
-/// Stops new requests to a replica; in-flight ones finish.
-pub(crate) fn drain(shared: &Shared, replica: &Replica) {
-    let now = std::time::Instant::now();
-    shared.fleet.with(|f| f.set_draining(replica.id, true, now));
-    tracing::info!(replica = %replica.name, "replica draining");
-}
+    /// Stops new requests to a replica; in-flight ones finish.
+    pub(crate) fn drain(&self, replica: &Replica) {
+        let now = std::time::Instant::now();
+        self.fleet.with(|f| f.set_draining(replica.id, true, now));
+        tracing::info!(replica = %replica.name, "replica draining");
+    }
 
-/// Removes a replica: its tasks stop, its bookings are released and its
-/// index entries dropped.
-pub(crate) fn remove(shared: &Shared, replica: &Replica) {
-    let _ = replica.stop.send(true);
-    shared.fleet.with(|f| f.remove(replica.id));
-    shared.replicas.remove(replica.id);
-    tracing::info!(replica = %replica.name, "replica removed");
+    /// Puts a draining replica back in rotation.
+    pub(crate) fn undrain(&self, replica: &Replica, now: std::time::Instant) {
+        self.fleet.with(|f| f.set_draining(replica.id, false, now));
+    }
+
+    /// Whether `replica` has no request in flight.
+    pub(crate) fn idle(&self, replica: &Replica) -> bool {
+        self.fleet.with(|f| f.idle(replica.id))
+    }
+
+    /// By display name or base URL.
+    pub(crate) fn by_name(&self, name: &str) -> Option<Arc<Replica>> {
+        self.replicas.by_name(name)
+    }
+
+    /// Removes a replica: its tasks stop, its bookings are released and its
+    /// index entries dropped.
+    pub(crate) fn remove(&self, replica: &Replica) {
+        let _ = replica.stop.send(true);
+        self.fleet.with(|f| f.remove(replica.id));
+        self.replicas.remove(replica.id);
+        tracing::info!(replica = %replica.name, "replica removed");
+    }
 }

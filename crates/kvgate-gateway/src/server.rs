@@ -26,6 +26,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
+use crate::api::ApiContext;
 use crate::config::GatewayConfig;
 use crate::error::StartError;
 use crate::request_error::Reason;
@@ -33,7 +34,7 @@ use crate::response::error_response;
 use crate::route::Route;
 use crate::state::Shared;
 use crate::throttle::{ClientAddr, KeyKind, KeyVerdict};
-use crate::{admin, api, registry};
+use crate::{admin, api};
 
 /// A running gateway.
 #[derive(Debug)]
@@ -91,7 +92,9 @@ async fn not_found() -> Response {
     error_response(&ErrorResponse::not_found("no such route"))
 }
 
-fn admin_routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
+/// `/admin/*` and the dashboard, each router with its own context; the
+/// auth middleware is the wiring's and sees the whole state.
+fn admin_routes(shared: &Arc<Shared>) -> Router {
     Router::new()
         .route("/admin/replicas", get(admin::replicas).post(admin::add_replica))
         .route("/admin/replicas/{name}/drain", post(admin::drain_replica))
@@ -99,11 +102,12 @@ fn admin_routes(shared: &Arc<Shared>) -> Router<Arc<Shared>> {
         .route("/admin/replicas/{name}", delete(admin::remove_replica))
         .route("/admin/decisions", get(admin::decisions))
         .layer(middleware::from_fn_with_state(Arc::clone(shared), admin_auth))
+        .with_state(shared.admin_context())
         // Its own guard: the admin key or a login cookie (dashboard.rs).
-        .merge(crate::dashboard::routes(shared))
+        .merge(crate::dashboard::routes(shared.dashboard_context()))
 }
 
-fn app(shared: &Arc<Shared>) -> Router {
+fn app(shared: &Arc<Shared>, api: &Arc<ApiContext>) -> Router {
     let c = &shared.config;
     let mut protected = Router::new()
         .route("/v1/chat/completions", post(api::chat))
@@ -119,14 +123,12 @@ fn app(shared: &Arc<Shared>) -> Router {
     let mut router = Router::new()
         .merge(protected)
         .route("/health", get(api::health))
-        .route("/ready", get(api::ready));
+        .route("/ready", get(api::ready))
+        .with_state(Arc::clone(api));
     if c.admin_listen.is_none() {
         router = router.merge(admin_routes(shared));
     }
-    router
-        .fallback(not_found)
-        .layer(DefaultBodyLimit::max(c.limits.max_body_bytes))
-        .with_state(Arc::clone(shared))
+    router.fallback(not_found).layer(DefaultBodyLimit::max(c.limits.max_body_bytes))
 }
 
 /// Pending connections the kernel queues for us. `TcpListener::bind` asks
@@ -270,8 +272,7 @@ impl Gateway {
         let shared = Arc::new(Shared::new(config, Arc::new(tokenizer), engines, client)?);
         for r in shared.config.replicas.clone() {
             let name = r.display_name().to_owned();
-            registry::add_ranks(&shared, r)
-                .map_err(|reason| StartError::Replica { name, reason })?;
+            shared.registry.add_ranks(r).map_err(|reason| StartError::Replica { name, reason })?;
         }
         let local = |l: &TcpListener| {
             l.local_addr().map_err(|source| StartError::Bind { addr: shared.config.listen, source })
@@ -281,9 +282,12 @@ impl Gateway {
         let metrics_addr = metrics_listener.as_ref().map(local).transpose()?;
         let peer_addr = peer_listener.as_ref().map(local).transpose()?;
         let (stop_accepting, stop_rx) = watch::channel(false);
-        let mut servers = vec![serve(listener, app(&shared), &shared, stop_rx.clone())];
+        // Each component's context, built once here.
+        let api = shared.api_context();
+        let peer_context = shared.peer_context();
+        let mut servers = vec![serve(listener, app(&shared, &api), &shared, stop_rx.clone())];
         if let Some(l) = admin_listener {
-            let a = admin_routes(&shared).fallback(not_found).with_state(Arc::clone(&shared));
+            let a = admin_routes(&shared).fallback(not_found);
             servers.push(serve(l, a, &shared, stop_rx.clone()));
         }
         if let Some(l) = metrics_listener {
@@ -291,7 +295,7 @@ impl Gateway {
                 .route("/metrics", get(api::metrics))
                 .layer(middleware::from_fn_with_state(Arc::clone(&shared), client_auth))
                 .fallback(not_found)
-                .with_state(Arc::clone(&shared));
+                .with_state(Arc::clone(&api));
             servers.push(serve(l, m, &shared, stop_rx.clone()));
         }
         if let Some(l) = peer_listener {
@@ -299,15 +303,16 @@ impl Gateway {
                 .route(crate::peers::CHANGES_PATH, post(crate::peers::receive))
                 .fallback(not_found)
                 .layer(DefaultBodyLimit::max(PEER_BODY_LIMIT))
-                .with_state(Arc::clone(&shared));
+                .with_state(Arc::clone(&peer_context));
             servers.push(serve(l, p, &shared, stop_rx.clone()));
         }
         servers.push(tokio::spawn(crate::upkeep::run(Arc::clone(&shared.fleet), stop_rx.clone())));
         if shared.config.peers.enabled() {
-            servers.push(tokio::spawn(crate::peers::run(Arc::clone(&shared), stop_rx.clone())));
+            servers.push(tokio::spawn(crate::peers::run(peer_context, stop_rx.clone())));
         }
         if shared.config.discovery.dns.is_some() {
-            servers.push(tokio::spawn(crate::discovery::run(Arc::clone(&shared), stop_rx.clone())));
+            let (d, registry) = (shared.config.discovery.clone(), Arc::clone(&shared.registry));
+            servers.push(tokio::spawn(crate::discovery::run(d, registry, stop_rx.clone())));
         }
         tracing::info!(
             %addr,
@@ -361,7 +366,9 @@ impl Gateway {
     /// then replica tasks stop. Returns how many requests were still in
     /// flight when the grace period ended.
     pub async fn shutdown(self) -> usize {
-        let _ = self.shared.closing.send(true);
+        // `send_replace`, not `send`: `send` drops the value when no receiver
+        // is open, and shutdown must be seen whoever subscribes later.
+        self.shared.closing.send_replace(true);
         let _ = self.stop_accepting.send(true);
         let max = self.shared.config.limits.max_concurrent_requests;
         let grace = Duration::from_millis(self.shared.config.limits.shutdown_grace_ms);

@@ -283,6 +283,14 @@ pub(crate) struct EngineSample {
 pub(crate) struct FleetCalibration {
     prefill: RobustLine,
     decode_step: RobustRate,
+    /// Every replica's TTFT samples, for fleets whose engines report no
+    /// timing yet (the first scrapes, or engines without vLLM's metrics).
+    /// Without it, the replicas that served first were fitted from their
+    /// TTFTs while the others kept the prior (4x slower on the live bench's
+    /// sped-up sims), so the first ones looked twice as fast and took every
+    /// request of a startup burst, queued behind each other (issue 17's
+    /// random cell: its p99 was those requests).
+    ttft_prefill: RobustLine,
 }
 
 impl FleetCalibration {
@@ -304,7 +312,13 @@ impl FleetCalibration {
         FleetCalibration {
             prefill: RobustLine::keeping_slope(prefill_s_per_token, overhead_s),
             decode_step: RobustRate::new(decode_step_s.max(1e-6)),
+            ttft_prefill: RobustLine::new(prefill_s_per_token, overhead_s),
         }
+    }
+
+    /// Adds one replica's TTFT sample (`ReplicaCalibration::observe`).
+    pub(crate) fn observe_ttft(&mut self, x: f64, y: f64, cfg: &CalibrationConfig) {
+        self.ttft_prefill.observe(x, y, cfg);
     }
 
     pub(crate) fn observe(&mut self, s: &EngineSample, cfg: &CalibrationConfig) {
@@ -329,7 +343,8 @@ pub(crate) struct Calibrated {
 impl ReplicaCalibration {
     /// The line and decode step to route on: this replica's own engine
     /// samples once it has `min_samples` when `per_replica` is set, else the
-    /// fleet's while the fleet has any, else TTFT samples or the priors.
+    /// fleet's while the fleet has any; without engine samples anywhere, the
+    /// same rule over TTFT samples; else the priors.
     pub(crate) fn calibrated(
         &self,
         fleet: &FleetCalibration,
@@ -344,12 +359,24 @@ impl ReplicaCalibration {
             // The fleet sees every replica's engine samples, this one's too.
             (&fleet.prefill, CalibrationSource::Fleet)
         } else {
-            let (slope, intercept) = self.prefill_line();
+            // No engine timing anywhere: TTFT samples, pooled by the same
+            // rule (a replica's own line only with `per_replica` and enough
+            // samples), so replicas that have not served yet route on what
+            // the others measured instead of on the prior.
+            let own_ttft = self.prefill.samples() as usize >= min
+                && (cfg.per_replica || fleet.ttft_prefill.samples() == 0);
+            let (slope, intercept, source) = if own_ttft || fleet.ttft_prefill.samples() == 0 {
+                let (s, i) = self.prefill_line();
+                (s, i, self.source())
+            } else {
+                let l = &fleet.ttft_prefill;
+                (l.slope(), l.intercept(), CalibrationSource::Ttft)
+            };
             return Calibrated {
                 prefill_s_per_token: slope,
                 overhead_s: intercept,
                 decode_step_s: None,
-                source: self.source(),
+                source,
             };
         };
         let decode_step_s = if self.decode_step.window.len() >= min
@@ -464,17 +491,26 @@ impl ReplicaCalibration {
         out
     }
 
-    /// Turns an observed TTFT into samples.
-    pub(crate) fn observe(&mut self, basis: &SampleBasis, ttft_s: f64, cfg: &CalibrationConfig) {
+    /// Turns an observed TTFT into samples; returns the prefill-line sample
+    /// (work, seconds) when it took one, for the fleet's pooled line.
+    pub(crate) fn observe(
+        &mut self,
+        basis: &SampleBasis,
+        ttft_s: f64,
+        cfg: &CalibrationConfig,
+    ) -> Option<(f64, f64)> {
         if !cfg.enabled || !ttft_s.is_finite() {
-            return;
+            return None;
         }
         let [cpu_blocks, storage_blocks] = basis.lower_blocks.map(f64::from);
         let transfer = cpu_blocks * self.cpu.estimate() + storage_blocks * self.storage.estimate();
         let residual = ttft_s - basis.other_s;
         // The engine's own measurements, when it gives them, own the line.
+        let mut line_sample = None;
         if self.engine_prefill.samples() == 0 {
-            self.prefill.observe(basis.prefill_tokens as f64, residual - transfer, cfg);
+            let (x, y) = (basis.prefill_tokens as f64, residual - transfer);
+            self.prefill.observe(x, y, cfg);
+            line_sample = Some((x, y));
         }
         // Transfer samples only where transfers are a visible share.
         let (slope, intercept) = self.prefill_line();
@@ -484,6 +520,7 @@ impl ReplicaCalibration {
         } else if storage_blocks > 0.0 && cpu_blocks == 0.0 && transfer >= 0.1 * prefill_s {
             self.storage.observe((residual - prefill_s) / storage_blocks, cfg);
         }
+        line_sample
     }
 }
 
@@ -616,6 +653,46 @@ mod tests {
         assert_eq!(a.source, CalibrationSource::Engine);
         assert!((a.prefill_s_per_token / (prior * 0.8) - 1.0).abs() < 0.01);
         assert!((b.prefill_s_per_token / (prior * 1.25) - 1.0).abs() < 0.01);
+    }
+
+    #[test]
+    fn before_engine_timing_replicas_that_have_not_served_route_on_the_fleets_ttfts() {
+        let mut c = cfg();
+        // Prior 16k tokens/s; the replicas are 4x faster (the live bench's
+        // sims). Only `served` has seen first tokens yet.
+        let prior = 1.0 / 16_000.0;
+        let sigma = prior / 4.0;
+        let mut fleet = FleetCalibration::new(prior, 0.02, 0.01);
+        let mut served = ReplicaCalibration::new(prior, 0.02, 1e-4, 1e-3, 0.01);
+        let idle = served.clone();
+        for i in 0..12u64 {
+            let tokens = 512 + (i * 977) % 4000;
+            let basis = SampleBasis { prefill_tokens: tokens, lower_blocks: [0, 0], other_s: 0.0 };
+            let (x, y) = served.observe(&basis, 0.005 + sigma * tokens as f64, &c).unwrap();
+            fleet.observe_ttft(x, y, &c);
+        }
+        let (a, b) = (served.calibrated(&fleet, &c), idle.calibrated(&fleet, &c));
+        assert_eq!(b.source, CalibrationSource::Ttft);
+        assert_eq!(a.prefill_s_per_token, b.prefill_s_per_token, "one speed for one fleet");
+        assert!((b.prefill_s_per_token / sigma - 1.0).abs() < 0.05, "{}", b.prefill_s_per_token);
+        // Per replica, a replica with enough samples routes on its own line;
+        // one without still borrows the fleet's (as with engine samples).
+        c.per_replica = true;
+        let (a, b) = (served.calibrated(&fleet, &c), idle.calibrated(&fleet, &c));
+        assert_eq!((a.source, b.source), (CalibrationSource::Ttft, CalibrationSource::Ttft));
+        assert_eq!(a.prefill_s_per_token, served.prefill_line().0);
+        assert_eq!(b.prefill_s_per_token, fleet.ttft_prefill.slope());
+        // With no sample anywhere, the prior.
+        let empty = FleetCalibration::new(prior, 0.02, 0.01);
+        let b = idle.calibrated(&empty, &c);
+        assert_eq!((b.source, b.prefill_s_per_token), (CalibrationSource::Prior, prior));
+        // Once engine samples own a replica's line it feeds no TTFT sample.
+        let mut t = EngineTiming::default();
+        served.observe_engine(&t, &c);
+        grow(&mut t, 1, 2048, sigma, 0.006);
+        served.observe_engine(&t, &c);
+        let basis = SampleBasis { prefill_tokens: 2048, lower_blocks: [0, 0], other_s: 0.0 };
+        assert_eq!(served.observe(&basis, 0.05, &c), None);
     }
 
     #[test]

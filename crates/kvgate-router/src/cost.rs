@@ -14,11 +14,13 @@
 //! pressure = σ × kv_pressure_tokens × ((u - start) / (1 - start))²    u: KV occupancy after booking
 //! cost     = ttft + pressure + work_weight × busy × σ × (U − U_min)
 //!                 + decode_delay_weight × D × σ × U
-//!                 + future_work_weight × busy × σ × U_min × R × (s − s_min) / Σs
+//!                 + future_work_weight × busy × h × σ × U_min × R × (s − s_min) / Σs
 //! busy     = 1 if anything is queued or decoding there, else 0
 //! U_min    = the fewest uncached tokens of any candidate
 //! s        = prefill tokens recently routed to the replica (decayed per
 //!            decision), s_min the least of any candidate, R the candidates
+//! h        = the share of recently routed prompt tokens that were cached
+//!            somewhere when routed (attract.rs; 0 without reuse)
 //! ```
 //!
 //! Every term is non-decreasing in the load (P, D, occupancy) and
@@ -172,6 +174,8 @@ pub(crate) fn decode_delay_charge(c: &CostModelConfig, p: &Prediction, decoding:
 /// replica that was recently given `excess` × (1 ÷ replicas) more of the
 /// fleet's prefill work than the least-given one is charged that work's prefill
 /// time (at this replica's rate) times `excess`, at `future_work_weight`.
+/// The caller scales `excess` by the fleet's reuse ratio (attract.rs):
+/// without reuse there are no later turns to attract.
 /// The same tokens are charged on every candidate, so a continuing session
 /// keeps its cache advantage and a new session (whose floor is most of its
 /// prompt) is spread.

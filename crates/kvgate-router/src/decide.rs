@@ -189,7 +189,14 @@ impl Router {
                 }
                 self.decisions += 1;
                 self.last_chosen[slot] = self.decisions;
-                self.attract(slot, pred.uncached_tokens);
+                let floor = preds.iter().map(|p| p.uncached_tokens).min().unwrap_or(0);
+                self.attraction.record(
+                    slot,
+                    self.order.iter().map(|id| id.index()),
+                    pred.uncached_tokens,
+                    req.prompt_tokens,
+                    floor,
+                );
                 if req.queued_since.is_some() {
                     RouterMetrics::inc(&self.metrics.routed_after_wait);
                 }
@@ -317,13 +324,16 @@ impl Router {
         // The fleet-work charge (relative to the best placement), the
         // decode-delay charge and the future-work charge (cost.rs).
         let floor = preds.iter().map(|p| p.uncached_tokens).min().unwrap_or(0);
-        let share = |c: &Candidate| self.attracted.get(c.replica.index()).copied().unwrap_or(0.0);
+        let share = |c: &Candidate| self.attraction.share(c.replica.index());
         let total: f64 = cands.iter().map(share).sum();
         let least = cands.iter().map(share).fold(f64::INFINITY, f64::min);
         let n = cands.len() as f64;
+        // Later turns exist only where routed work gets reused: scaled by
+        // the recent reuse ratio, the charge vanishes on traffic without it.
+        let reuse = self.attraction.reuse();
         for (c, p) in cands.iter_mut().zip(preds.iter_mut()) {
             let busy = c.pending_prefill_tokens > 0 || c.decoding > 0;
-            let excess = if total > 0.0 { n * (share(c) - least) / total } else { 0.0 };
+            let excess = if total > 0.0 { reuse * n * (share(c) - least) / total } else { 0.0 };
             let w = work_charge(&cfg.cost, p, floor, busy)
                 + decode_delay_charge(&cfg.cost, p, c.decoding)
                 // An idle replica delays nobody's future turns.
@@ -387,24 +397,6 @@ impl Router {
         });
         self.log.push(e.clone());
         Some(e)
-    }
-}
-
-/// How many decisions per replica the future-work shares remember: each
-/// decision keeps `1 − 1 / (ATTRACT_MEMORY × replicas)` of every share.
-pub(crate) const ATTRACT_MEMORY: f64 = 8.0;
-
-impl Router {
-    /// Counts `work` prefill tokens routed to `slot` in the decayed shares.
-    fn attract(&mut self, slot: usize, work: u64) {
-        if self.attracted.len() <= slot {
-            self.attracted.resize(slot + 1, 0.0);
-        }
-        let keep = 1.0 - 1.0 / (ATTRACT_MEMORY * self.order.len().max(1) as f64);
-        for a in &mut self.attracted {
-            *a *= keep;
-        }
-        self.attracted[slot] += work as f64;
     }
 }
 

@@ -517,7 +517,9 @@ impl Books {
             r.load.prefill_requests -= 1;
             r.load.decoding_requests += 1;
             if let Some(basis) = basis.filter(|_| measured) {
-                r.calibration.observe(&basis, ttft.as_secs_f64(), &cal_cfg);
+                if let Some((x, y)) = r.calibration.observe(&basis, ttft.as_secs_f64(), &cal_cfg) {
+                    self.fleet_calibration.observe_ttft(x, y, &cal_cfg);
+                }
             }
         }
         if key.0 == Origin::Local {

@@ -25,6 +25,7 @@
 //! - Nothing here depends on tokio or reads a clock.
 
 mod approx_tree;
+mod attract;
 mod calibrate;
 mod config;
 mod cost;

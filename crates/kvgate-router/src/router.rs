@@ -78,10 +78,9 @@ pub struct Router {
     /// Per replica index: the routed-decision count when it was last
     /// chosen (0: never), for `Selection::Rotate`.
     pub(crate) last_chosen: Vec<u64>,
-    /// Per replica slot: prefill tokens routed there, decayed by
-    /// [`crate::decide::ATTRACT_MEMORY`] × replicas per decision (the
-    /// future-work charge's shares).
-    pub(crate) attracted: Vec<f64>,
+    /// The future-work charge's memory: per replica, the prefill work
+    /// routed there recently; for the fleet, the reuse ratio (attract.rs).
+    pub(crate) attraction: crate::attract::Attraction,
     /// Routed decisions so far.
     pub(crate) decisions: u64,
 }
@@ -122,7 +121,7 @@ impl Router {
             tentative_outbox: None,
             tentative_outbox_dropped: 0,
             last_chosen: Vec::new(),
-            attracted: Vec::new(),
+            attraction: crate::attract::Attraction::default(),
             decisions: 0,
         })
     }

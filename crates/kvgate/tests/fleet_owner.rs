@@ -80,3 +80,57 @@ fn no_gateway_state_sits_behind_a_read_write_lock() {
         assert!(locks.is_empty(), "{file}: {locks:?} (the replica directory is an ArcSwap)");
     }
 }
+
+/// The type that holds every handle of the gateway, and the wiring files
+/// that alone may name it: every other module gets a context with only the
+/// handles it uses (`ApiContext`, `Forwarder`, `AdminContext`, `Registry`...).
+const WHOLE_STATE: &str = "Shared";
+const WIRING: [&str; 2] = ["server.rs", "state.rs"];
+
+/// Whether `code` names `ident` as a whole word (not `shared`, not
+/// `SharedFoo`).
+fn names(code: &str, ident: &str) -> bool {
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    code.match_indices(ident).any(|(at, _)| {
+        let before = code[..at].chars().next_back();
+        let after = code[at + ident.len()..].chars().next();
+        !before.is_some_and(word) && !after.is_some_and(word)
+    })
+}
+
+#[test]
+fn only_the_wiring_names_the_whole_state() {
+    let all = sources();
+    // Renaming the type must not turn this check into one that passes on
+    // nothing.
+    let definition = format!("struct {WHOLE_STATE} {{");
+    let defined = all.iter().any(|(file, text)| file == "state.rs" && text.contains(&definition));
+    assert!(defined, "state.rs no longer defines `{WHOLE_STATE}`: update this check");
+    let mut found = Vec::new();
+    for (file, text) in &all {
+        if WIRING.contains(&file.as_str()) {
+            continue;
+        }
+        for (n, line) in text.lines().enumerate() {
+            if line.split("//").next().is_some_and(|code| names(code, WHOLE_STATE)) {
+                found.push(format!("{file}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "`{WHOLE_STATE}` named outside the wiring ({}); give the module a context with \
+         only the handles it uses:\n{}",
+        WIRING.join(", "),
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_whole_state_check_matches_whole_words_only() {
+    assert!(names("use crate::state::Shared;", "Shared"));
+    assert!(names("fn f(s: &Arc<Shared>) {", "Shared"));
+    assert!(!names("let shared = x;", "Shared"));
+    assert!(!names("struct SharedState;", "Shared"));
+    assert!(!names("UnShared", "Shared"));
+}

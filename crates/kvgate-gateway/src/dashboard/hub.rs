@@ -13,11 +13,24 @@ use tokio::sync::watch;
 use super::frame::Frame;
 use super::window::{Sample, Window};
 use crate::admin::recent_decisions_json;
+use crate::config::DashboardConfig;
+use crate::fleet_view::FleetView;
 use crate::locks::lock;
-use crate::state::Shared;
+use crate::metrics::Metrics;
 
 /// The latest frame, as JSON text.
 pub(crate) type FrameText = Option<Arc<str>>;
+
+/// What the sampler reads each tick: its settings, the fleet's snapshot and
+/// decisions, the metrics' token totals and recent TTFTs, and whether
+/// kvgate is shutting down.
+#[derive(Debug)]
+pub(crate) struct Sampler {
+    pub(crate) config: DashboardConfig,
+    pub(crate) view: Arc<FleetView>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) closing: watch::Receiver<bool>,
+}
 
 /// The sampler's channel and whether the sampler runs.
 #[derive(Debug)]
@@ -34,20 +47,23 @@ impl Hub {
     }
 
     /// A receiver for the frames to come; starts the sampler if none runs.
-    pub(crate) fn subscribe(self: &Arc<Self>, shared: &Arc<Shared>) -> watch::Receiver<FrameText> {
+    pub(crate) fn subscribe(
+        self: &Arc<Self>,
+        sampler: &Arc<Sampler>,
+    ) -> watch::Receiver<FrameText> {
         let mut sampling = lock(&self.sampling);
         // It waits for the next frame: one left from earlier viewers is stale.
         let rx = self.frames.subscribe();
         if !*sampling {
             *sampling = true;
-            tokio::spawn(sample(Arc::clone(self), Arc::clone(shared)));
+            tokio::spawn(sample(Arc::clone(self), Arc::clone(sampler)));
         }
         rx
     }
 }
 
-async fn sample(hub: Arc<Hub>, shared: Arc<Shared>) {
-    let c = &shared.config.dashboard;
+async fn sample(hub: Arc<Hub>, s: Arc<Sampler>) {
+    let c = &s.config;
     let window_span = Duration::from_secs(c.window_s);
     let mut window = Window::new(window_span);
     let mut tick = tokio::time::interval(Duration::from_millis(c.interval_ms));
@@ -57,16 +73,16 @@ async fn sample(hub: Arc<Hub>, shared: Arc<Shared>) {
         tick.tick().await;
         {
             let mut sampling = lock(&hub.sampling);
-            if hub.frames.receiver_count() == 0 || *shared.closing.borrow() {
+            if hub.frames.receiver_count() == 0 || *s.closing.borrow() {
                 *sampling = false;
                 return;
             }
         }
         let now = Instant::now();
-        let snap = shared.snapshot(now);
-        window.push(Sample::of(&snap, shared.metrics.prompt_token_totals(), now));
-        let ttft = shared.metrics.recent_ttft().summary(window_span, now);
-        let recent = recent_decisions_json(&shared, c.decisions, now);
+        let snap = s.view.snapshot(now);
+        window.push(Sample::of(&snap, s.metrics.prompt_token_totals(), now));
+        let ttft = s.metrics.recent_ttft().summary(window_span, now);
+        let recent = recent_decisions_json(&s.view, c.decisions, now);
         seq += 1;
         let frame = Frame::build(seq, c.interval_ms, snap, window.rates(), ttft, recent);
         match serde_json::to_string(&frame) {
