@@ -36,6 +36,10 @@ impl Router {
                 let c = &self.config;
                 let last = &self.last_chosen;
                 let recency = |i: usize| last.get(cands[i].replica.index()).copied().unwrap_or(0);
+                let cached = |i: usize| {
+                    let c = &cands[i];
+                    c.overlap_blocks.iter().sum::<u32>() + c.tentative_blocks
+                };
                 let r = pick_cost(
                     &costs,
                     c.selection,
@@ -43,6 +47,7 @@ impl Router {
                     c.temperature,
                     &mut self.rng,
                     recency,
+                    cached,
                 );
                 self.scratch_costs = costs;
                 r
@@ -125,9 +130,16 @@ impl Router {
             let decode_blocks = c.booked_blocks as f64 + req_blocks;
             costs.push((i, w * prefill_blocks + decode_blocks));
         }
-        let r =
-            pick_cost(&costs, crate::config::Selection::Epsilon, 0.0, 1.0, &mut self.rng, |_| 0)
-                .map(|(i, _)| (i, Reason::LowestCost));
+        let r = pick_cost(
+            &costs,
+            crate::config::Selection::Epsilon,
+            0.0,
+            1.0,
+            &mut self.rng,
+            |_| 0,
+            |_| 0,
+        )
+        .map(|(i, _)| (i, Reason::LowestCost));
         self.scratch_costs = costs;
         r
     }

@@ -10,7 +10,12 @@ use crate::explain::Reason;
 
 /// Picks among `costs` (index, cost), lowest is best. `None` when empty.
 /// `last_chosen(index)` orders near-ties for `Selection::Rotate` (smaller:
-/// chosen longer ago).
+/// chosen longer ago). `cached(index)` is the prefix a candidate already
+/// holds: near-ties are only those that hold the most of it among the
+/// near band, so a replica that would recompute a prefix another one holds
+/// is chosen only when it is clearly cheaper, never by rotation. With no
+/// reuse every candidate holds the same (nothing), and near-ties rotate
+/// over all of them.
 pub(crate) fn pick_cost(
     costs: &[(usize, f64)],
     selection: Selection,
@@ -18,6 +23,7 @@ pub(crate) fn pick_cost(
     temperature: f64,
     rng: &mut SmallRng,
     last_chosen: impl Fn(usize) -> u64,
+    cached: impl Fn(usize) -> u32,
 ) -> Option<(usize, Reason)> {
     let best = costs.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
     if !best.is_finite() {
@@ -30,7 +36,8 @@ pub(crate) fn pick_cost(
         Selection::Epsilon | Selection::Rotate => {
             // A tiny absolute slack keeps exact ties (zero costs) a tie.
             let band = best + best.abs() * epsilon + 1e-12;
-            let mut near = costs.iter().filter(|c| c.1 <= band);
+            let most = costs.iter().filter(|c| c.1 <= band).map(|c| cached(c.0)).max()?;
+            let mut near = costs.iter().filter(|c| c.1 <= band && cached(c.0) == most);
             let n = near.clone().count();
             let chosen = if selection == Selection::Rotate {
                 near.min_by_key(|c| last_chosen(c.0))
@@ -78,12 +85,14 @@ mod tests {
         let costs = [(0, 1.0), (1, 1.01), (2, 2.0)];
         let mut seen = [0; 3];
         for _ in 0..1000 {
-            let (i, _) = pick_cost(&costs, Selection::Epsilon, 0.05, 0.1, &mut rng, |_| 0).unwrap();
+            let (i, _) =
+                pick_cost(&costs, Selection::Epsilon, 0.05, 0.1, &mut rng, |_| 0, |_| 0).unwrap();
             seen[i] += 1;
         }
         assert_eq!(seen[2], 0);
         assert!(seen[0] > 400 && seen[1] > 400, "{seen:?}");
-        let (i, r) = pick_cost(&costs, Selection::Epsilon, 0.0, 0.1, &mut rng, |_| 0).unwrap();
+        let (i, r) =
+            pick_cost(&costs, Selection::Epsilon, 0.0, 0.1, &mut rng, |_| 0, |_| 0).unwrap();
         assert_eq!((i, r), (0, Reason::LowestCost));
     }
 
@@ -93,7 +102,9 @@ mod tests {
         let costs = [(0, 1.0), (1, 1.1)];
         let mut seen = [0; 2];
         for _ in 0..2000 {
-            seen[pick_cost(&costs, Selection::Softmax, 0.0, 0.1, &mut rng, |_| 0).unwrap().0] += 1;
+            seen[pick_cost(&costs, Selection::Softmax, 0.0, 0.1, &mut rng, |_| 0, |_| 0)
+                .unwrap()
+                .0] += 1;
         }
         assert!(seen[0] > seen[1] && seen[1] > 200, "{seen:?}");
     }
@@ -108,7 +119,7 @@ mod tests {
         }
         assert_eq!(seen[0], 0);
         assert!(seen[1] > 100 && seen[2] > 100);
-        assert_eq!(pick_cost(&[], Selection::Epsilon, 0.1, 0.1, &mut rng, |_| 0), None);
+        assert_eq!(pick_cost(&[], Selection::Epsilon, 0.1, 0.1, &mut rng, |_| 0, |_| 0), None);
     }
 
     #[test]
@@ -119,13 +130,43 @@ mod tests {
         let mut seen = Vec::new();
         for n in 1..=6 {
             let (i, _) =
-                pick_cost(&costs, Selection::Rotate, 0.05, 0.1, &mut rng, |i| last[i]).unwrap();
+                pick_cost(&costs, Selection::Rotate, 0.05, 0.1, &mut rng, |i| last[i], |_| 0)
+                    .unwrap();
             last[i] = n;
             seen.push(i);
         }
         // Never the clear loser; the three near-ties in turn.
         assert_eq!(seen, [0, 1, 3, 0, 1, 3]);
-        let (i, r) = pick_cost(&costs, Selection::Rotate, 0.0, 0.1, &mut rng, |i| last[i]).unwrap();
+        let (i, r) =
+            pick_cost(&costs, Selection::Rotate, 0.0, 0.1, &mut rng, |i| last[i], |_| 0).unwrap();
         assert_eq!((i, r), (0, Reason::LowestCost));
+    }
+
+    /// The case of the live bench's `prefix_repetition` at 20 req/s: the
+    /// replica holding a prefix (still prefilling the request that brought
+    /// it) and an idle one cost within the band; rotation took the idle one
+    /// and the prefix was computed twice. Near-ties are only those holding
+    /// the most of the prefix; a clearly cheaper cold replica still wins.
+    #[test]
+    fn near_ties_do_not_rotate_to_a_replica_that_would_recompute() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let cached = [192u32, 0, 0, 0];
+        let costs = [(0, 0.245), (1, 0.2285), (2, 1.0), (3, 1.0)];
+        let last = [4u64, 0, 1, 2];
+        let (i, r) =
+            pick_cost(&costs, Selection::Rotate, 0.1, 0.1, &mut rng, |i| last[i], |i| cached[i])
+                .unwrap();
+        assert_eq!((i, r), (0, Reason::LowestCost));
+        // Outside the band the cold replica is cheaper by more than 10 %: it wins.
+        let costs = [(0, 0.30), (1, 0.2285), (2, 1.0), (3, 1.0)];
+        let (i, _) =
+            pick_cost(&costs, Selection::Rotate, 0.1, 0.1, &mut rng, |i| last[i], |i| cached[i])
+                .unwrap();
+        assert_eq!(i, 1);
+        // Equal holdings (no reuse): near-ties rotate as before.
+        let costs = [(0, 1.0), (1, 1.01), (2, 1.02), (3, 2.0)];
+        let (i, _) =
+            pick_cost(&costs, Selection::Rotate, 0.1, 0.1, &mut rng, |i| last[i], |_| 0).unwrap();
+        assert_eq!(i, 1);
     }
 }
