@@ -59,19 +59,22 @@ impl Attraction {
     {
         let replicas = slots.clone().count().max(1) as f64;
         let keep = 1.0 - 1.0 / (ATTRACT_MEMORY * replicas);
-        let known: Vec<f64> = self.shares.iter().copied().filter(|s| *s > 0.0).collect();
-        let start = if known.is_empty() {
-            ATTRACT_MEMORY * work as f64
-        } else {
-            known.iter().sum::<f64>() / known.len() as f64
-        };
         let top = slots.clone().chain([slot]).max().unwrap_or(slot);
         if self.shares.len() <= top {
             self.shares.resize(top + 1, 0.0);
         }
-        for s in slots.chain([slot]) {
-            if self.shares[s] <= 0.0 {
-                self.shares[s] = start;
+        // Only when a slot is new (rare): no allocation on the decision path.
+        if slots.clone().chain([slot]).any(|s| self.shares[s] <= 0.0) {
+            let (sum, n) = self
+                .shares
+                .iter()
+                .filter(|s| **s > 0.0)
+                .fold((0.0, 0usize), |(sum, n), s| (sum + s, n + 1));
+            let start = if n == 0 { ATTRACT_MEMORY * work as f64 } else { sum / n as f64 };
+            for s in slots.chain([slot]) {
+                if self.shares[s] <= 0.0 {
+                    self.shares[s] = start;
+                }
             }
         }
         for a in &mut self.shares {
