@@ -307,7 +307,13 @@ fn a_live_run_serves_every_request_and_agrees_with_fast_mode() {
     ];
     let live_json = dir.join("live.json");
     let mut args = common.to_vec();
-    args.extend(["--mode", "live", "--speedup", "10", "--json", live_json.to_str().unwrap()]);
+    // Speedup 2, not 10: at 10× the model's gaps between arrivals (25 ms of
+    // wall time) are no longer than a loaded 2-core machine's scheduling
+    // delays, so requests really overlap live, the router rightly spills a
+    // turn to the idle replica, and the hit rate drops one decision (6
+    // points) below fast mode's. Measured under three CPU burners: 3 of 8
+    // runs at 10×, 0 of 8 at 2×.
+    args.extend(["--mode", "live", "--speedup", "2", "--json", live_json.to_str().unwrap()]);
     let out = kvgate(&args);
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     let live: Value = serde_json::from_str(&std::fs::read_to_string(&live_json).unwrap()).unwrap();
@@ -324,6 +330,7 @@ fn a_live_run_serves_every_request_and_agrees_with_fast_mode() {
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     let fast: Value = serde_json::from_str(&std::fs::read_to_string(&fast_json).unwrap()).unwrap();
     let (l, f) = (run["hit_rate"].as_f64().unwrap(), fast["runs"][0]["hit_rate"].as_f64().unwrap());
+    eprintln!("hit rate: live {l}, fast {f}");
     assert!(l > 0.3, "live hit rate {l}: the conversations share prefixes");
     assert!((l - f).abs() <= 0.05, "live {l} vs fast {f}");
 }
