@@ -11,12 +11,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvgate_index::Tier;
 use kvgate_openai::ErrorResponse;
-use kvgate_router::{Explanation, Reason};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::config::{GatewayConfig, ReplicaConfig};
-use crate::directory::Directory;
+use crate::decision_json::recent_decisions_json;
 use crate::fleet_view::FleetView;
 use crate::registry::Registry;
 use crate::response::error_response;
@@ -41,56 +40,6 @@ pub(crate) async fn replicas(State(s): S) -> Response {
 #[derive(Debug, Deserialize)]
 pub(crate) struct DecisionsQuery {
     limit: Option<usize>,
-}
-
-fn reason_json(r: &Reason) -> Value {
-    match r {
-        Reason::NearTie { among } => json!({"kind": r.label(), "among": among}),
-        Reason::ApproxMatch { matched } => json!({"kind": r.label(), "matched": matched}),
-        _ => json!({"kind": r.label()}),
-    }
-}
-
-/// One explanation as JSON, replica ids turned into names.
-pub(crate) fn explanation_json(replicas: &Directory, e: &Explanation, now: Instant) -> Value {
-    let name = |id| replicas.get(id).map_or_else(|| format!("#{}", id.0), |r| r.name.clone());
-    let candidates: Vec<Value> = e
-        .candidates
-        .iter()
-        .map(|c| {
-            json!({
-                "replica": name(c.replica),
-                "health": c.health.name(),
-                "busy": c.busy,
-                "overlap_blocks": {"gpu": c.overlap_blocks[0], "cpu": c.overlap_blocks[1], "storage": c.overlap_blocks[2]},
-                "tentative_blocks": c.tentative_blocks,
-                "pending_prefill_tokens": c.pending_prefill_tokens,
-                "decoding": c.decoding,
-                "requests": c.requests,
-                "predicted_ttft_s": c.predicted_ttft_s,
-                "score": c.score,
-            })
-        })
-        .collect();
-    json!({
-        "age_s": now.saturating_duration_since(e.at).as_secs_f64(),
-        "booking": e.booking,
-        "policy": e.policy.name(),
-        "prompt_tokens": e.prompt_tokens,
-        "prompt_blocks": e.prompt_blocks,
-        "candidates_total": e.candidates_total,
-        "chosen": e.chosen.map(name),
-        "reason": reason_json(&e.reason),
-        "candidates": candidates,
-    })
-}
-
-/// The last `limit` decisions as JSON, newest first (`/admin/decisions` and
-/// the dashboard).
-pub(crate) fn recent_decisions_json(view: &FleetView, limit: usize, now: Instant) -> Vec<Value> {
-    let recent: Vec<_> =
-        view.fleet.with(|f| f.router().recent_decisions().rev().take(limit).cloned().collect());
-    recent.iter().map(|e| explanation_json(&view.replicas, e, now)).collect()
 }
 
 /// `GET /admin/decisions?limit=N`: the last decisions, newest first.

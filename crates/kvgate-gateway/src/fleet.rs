@@ -115,7 +115,7 @@ impl Fleet {
     }
 
     /// One routing decision (bookings included: a `Routed` carries its
-    /// booking, whose drop or finish releases it).
+    /// booking, which the shell's `HeldBooking` finishes or abandons).
     pub(crate) fn route(&mut self, req: &RouteRequest<'_>, now: Instant) -> Decision {
         self.router.decide(req, &self.index, now)
     }

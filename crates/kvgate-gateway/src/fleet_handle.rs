@@ -5,10 +5,10 @@
 //! wrong order (there is one).
 
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvgate_index::ReplicaId;
-use kvgate_router::{Decision, RouteRequest};
+use kvgate_router::{Booking, Decision, Outcome, RouteRequest};
 
 use crate::fleet::Fleet;
 use crate::locks::lock;
@@ -33,6 +33,34 @@ impl FleetHandle {
     /// One routing decision ([`Fleet::route`]).
     pub(crate) fn route(&self, req: &RouteRequest<'_>, now: Instant) -> Decision {
         self.with(|f| f.route(req, now))
+    }
+
+    /// `booking`'s first token arrived; `measured`: it was observed, so its
+    /// TTFT feeds calibration. Returns the TTFT, the first time only.
+    pub(crate) fn first_token(
+        &self,
+        booking: Booking,
+        now: Instant,
+        measured: bool,
+    ) -> Option<Duration> {
+        self.with(|f| {
+            let r = f.router_mut();
+            if measured {
+                r.first_token(booking, now)
+            } else {
+                r.first_token_unmeasured(booking, now);
+                None
+            }
+        })
+    }
+
+    /// `booking`'s request ended with `outcome`, or, with `None`, was
+    /// dropped without one.
+    pub(crate) fn release(&self, booking: Booking, outcome: Option<Outcome>) {
+        self.with(|f| match outcome {
+            Some(o) => f.router_mut().finish(booking, o),
+            None => f.router_mut().abandon(booking),
+        });
     }
 
     /// Whether some replica's engine lists `model` as an adapter.

@@ -17,6 +17,7 @@ use kvgate_router::{Decision, Outcome, RejectReason, RouteRequest, Routed};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::admission::Admission;
+use crate::booking::HeldBooking;
 use crate::directory::Directory;
 use crate::engine_client::{BodyStream, EngineClient, EngineRequest, EngineResponse, SendError};
 use crate::fleet_handle::FleetHandle;
@@ -130,9 +131,12 @@ pub(crate) async fn forward(
                 return answer(&fwd.metrics, label, "", &e.retry_after(retry_after));
             }
         };
+        // Held from here: a request dropped while the engine is asked
+        // (the client went away) releases its booking on the way out.
+        let booking = HeldBooking::new(Arc::clone(&fwd.fleet), routed.booking);
         let Some(replica) = fwd.replicas.get(routed.replica) else {
             // Removed between the decision and now.
-            routed.booking.finish(Outcome::Error);
+            booking.finish(Outcome::Error);
             exclude.push(routed.replica);
             continue;
         };
@@ -149,10 +153,10 @@ pub(crate) async fn forward(
                     span.record("reason", e.reason.label());
                 }
                 tracing::debug!("routed");
-                return respond(fwd, &p, replica, routed, resp, permit, t0).await;
+                return respond(fwd, &p, replica, routed, booking, resp, permit, t0).await;
             }
             Err(err) => {
-                routed.booking.finish(Outcome::Error);
+                booking.finish(Outcome::Error);
                 let (reason, message) = (err.reason.label(), &err.body.error.message);
                 tracing::warn!(replica = %replica.name, %reason, error = %message, "engine failed; trying another replica");
                 fwd.fleet.failed(replica.id, message.clone(), Failure::Error, Instant::now());
@@ -263,11 +267,13 @@ fn response_headers(fwd: &Forwarder, replica: &Replica, upstream: &HeaderMap) ->
     h
 }
 
+#[allow(clippy::too_many_arguments)] // the request, where it went and what came back, each needed
 async fn respond(
     fwd: &Forwarder,
     p: &Prepared,
     replica: Arc<Replica>,
     routed: Routed,
+    mut booking: HeldBooking,
     resp: EngineResponse,
     permit: OwnedSemaphorePermit,
     t0: Instant,
@@ -288,7 +294,7 @@ async fn respond(
             idle: fwd.limits.stream_idle,
             route: label,
         };
-        let relay = Relay::new(ctx, replica, routed.booking, resp.body, permit, t0);
+        let relay = Relay::new(ctx, replica, booking, resp.body, permit, t0);
         let mut r = Response::new(Body::from_stream(relay.into_stream()));
         *r.status_mut() = status;
         *r.headers_mut() = headers;
@@ -297,7 +303,6 @@ async fn respond(
     // Whole responses: the first token is not observable, so the booking
     // moves to decoding when the model predicted it would (no calibration
     // sample is taken from it).
-    let mut booking = routed.booking;
     let predicted = Duration::from_secs_f64(routed.predicted_ttft_s.clamp(0.0, 3600.0));
     let body_fut = read_capped(resp.body, MAX_WHOLE_RESPONSE);
     tokio::pin!(body_fut);

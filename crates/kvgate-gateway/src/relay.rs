@@ -18,9 +18,10 @@ use bytes::Bytes;
 use futures_util::stream::{Stream, StreamExt};
 use kvgate_openai::sse::{write_done, write_error};
 use kvgate_openai::{ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
-use kvgate_router::{Booking, Outcome};
+use kvgate_router::Outcome;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::booking::HeldBooking;
 use crate::engine_client::BodyStream;
 use crate::fleet_handle::FleetHandle;
 use crate::metrics::Metrics;
@@ -48,7 +49,7 @@ pub(crate) struct Relay {
     fleet: Arc<FleetHandle>,
     route: &'static str,
     replica: Arc<Replica>,
-    booking: Option<Booking>,
+    booking: Option<HeldBooking>,
     upstream: BodyStream,
     parser: SseParser,
     items: Vec<SseItem>,
@@ -74,7 +75,7 @@ impl Relay {
     pub(crate) fn new(
         ctx: RelayContext,
         replica: Arc<Replica>,
-        booking: Booking,
+        booking: HeldBooking,
         upstream: BodyStream,
         permit: OwnedSemaphorePermit,
         t0: Instant,

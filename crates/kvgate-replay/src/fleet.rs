@@ -265,14 +265,14 @@ impl Fleet {
                 if is_first {
                     rec.first_token_at = Some(at);
                     rec.cached_tokens = cached_tokens;
-                    if let Some(b) = self.bookings.get_mut(&request) {
-                        b.first_token(now);
+                    if let Some(&b) = self.bookings.get(&request) {
+                        self.router.first_token(b, now);
                     }
                 }
                 if finished {
                     rec.finished_at = Some(at);
                     if let Some(b) = self.bookings.remove(&request) {
-                        b.finish(Outcome::Finished);
+                        self.router.finish(b, Outcome::Finished);
                     }
                 }
             }
@@ -357,7 +357,7 @@ impl Fleet {
             at,
         );
         if added.is_err() {
-            routed.booking.finish(Outcome::Error);
+            self.router.finish(routed.booking, Outcome::Error);
             self.unserved += 1;
         } else {
             self.trackers[replica].add(i as u64, prompt_len, at);

@@ -56,7 +56,8 @@ fn decide_with_matches(c: &mut Criterion) {
                 let next = n as usize % PROMPTS;
                 let req = request(&w, next);
                 let d = router.decide_with_matches(black_box(&req), &w.matches[next], now);
-                d.routed().unwrap().booking.finish(Outcome::Finished);
+                let b = d.routed().unwrap().booking;
+                router.finish(b, Outcome::Finished);
             });
         });
     }
@@ -77,7 +78,8 @@ fn decide(c: &mut Criterion) {
                 let next = n as usize % PROMPTS;
                 let req = request(&w, next);
                 let d = router.decide(black_box(&req), &w.index, now);
-                d.routed().unwrap().booking.finish(Outcome::Finished);
+                let b = d.routed().unwrap().booking;
+                router.finish(b, Outcome::Finished);
             });
         });
     }

@@ -89,7 +89,7 @@ fn run(w: &Workload, s: Scenario, decisions: usize) -> Row {
                 };
                 let routed = d.routed().unwrap();
                 let blocks = routed.cached_blocks;
-                routed.booking.finish(Outcome::Finished);
+                router.finish(routed.booking, Outcome::Finished);
                 blocks
             }
         };

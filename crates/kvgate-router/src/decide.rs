@@ -13,7 +13,7 @@ use crate::cost::{
     decode_delay_charge, future_charge, predict, work_charge, CostInputs, Prediction,
 };
 use crate::explain::{Candidate, Explanation, Reason};
-use crate::ledger::{lock, Booking};
+use crate::ledger::Booking;
 use crate::replica::Health;
 use crate::router::{Router, RouterMetrics};
 
@@ -160,14 +160,14 @@ impl Router {
                 };
                 let block_size = self.block_size(c.replica);
                 let blocks = new_blocks(req, cached, block_size, self.output_tokens(req));
-                let id = lock(&self.books).book_local(
+                let id = self.books.book_local(
                     c.replica,
                     pred.uncached_tokens,
                     blocks,
                     Some(basis),
                     now,
                 );
-                let booking = Booking::new(self.books.clone(), id, c.replica);
+                let booking = Booking::new(id, c.replica);
                 if policy == PolicyKind::KvAware && c.health == Health::Healthy {
                     let from = (cached as usize).min(req.keys.len());
                     self.tentative.add(c.replica, &req.keys[from..], now);
@@ -254,7 +254,7 @@ impl Router {
         preds: &mut Vec<Prediction>,
     ) {
         let cfg = &self.config;
-        let books = lock(&self.books);
+        let books = &self.books;
         let avg_tokens = books.avg_prefill_tokens();
         let out_tokens = self.output_tokens(req);
         let stale_before = self.stale_before(now);

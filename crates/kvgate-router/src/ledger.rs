@@ -3,9 +3,8 @@
 //!
 //! A request is booked at decision time with its uncached prefill tokens and
 //! its KV blocks (prompt plus expected output). It moves to "decoding" at its
-//! first token and leaves at finish, cancel or error. The local handle is a
-//! [`Booking`] guard: dropping it without finishing releases the booking (as
-//! `dropped`), so no code path can leak load. Bookings whose completion never
+//! first token and leaves at finish, cancel or error, or as `dropped` when
+//! the shell's guard is dropped without an outcome. Bookings whose completion never
 //! arrives expire after a long timeout, and engine reports that persistently
 //! disagree with the books correct them; both are counted, never silent.
 //!
@@ -13,10 +12,13 @@
 //! for requests, and `booked prefill tokens - started - released while
 //! pending == pending prefill tokens`.
 //!
-//! The books sit behind one `std::sync::Mutex` (no tokio): a guard may be
-//! finished from any task, while decisions read the loads.
+//! The books are plain state inside the [`Router`](crate::Router), changed
+//! through its `&mut self` methods: no lock here. A [`Booking`] is a value
+//! (which booking, on which replica); the shell that owns the router wraps it
+//! in its own guard, whose drop reports [`Router::abandon`](crate::Router::abandon),
+//! so that no code path can leak load.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvgate_index::ReplicaId;
@@ -285,14 +287,6 @@ impl std::fmt::Debug for Listener {
 
 /// Most ledger changes buffered for peers between drains.
 const OUTBOX_MAX: usize = 1 << 16;
-
-pub(crate) type SharedBooks = Arc<Mutex<Books>>;
-
-/// Locks the books; a panic elsewhere while holding the lock leaves plain
-/// counters behind, so the poison is cleared rather than propagated.
-pub(crate) fn lock(books: &Mutex<Books>) -> MutexGuard<'_, Books> {
-    books.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 impl Books {
     pub(crate) fn new(config: RouterConfig) -> Books {
@@ -668,20 +662,20 @@ impl Books {
     }
 }
 
-/// The RAII handle of a local booking. Call [`first_token`](Booking::first_token)
-/// when the engine's first token arrives and [`finish`](Booking::finish) at the
-/// end; dropping it without finishing releases it as `dropped`.
-#[derive(Debug)]
+/// A local booking: which one, and on which replica. A plain value; pass it
+/// to [`Router::first_token`](crate::Router::first_token) when the engine's
+/// first token arrives and to [`Router::finish`](crate::Router::finish) at the
+/// end ([`Router::abandon`](crate::Router::abandon) when the request is
+/// dropped without an outcome). Copying it does not copy the booking.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Booking {
-    books: SharedBooks,
     id: u64,
     replica: ReplicaId,
-    done: bool,
 }
 
 impl Booking {
-    pub(crate) fn new(books: SharedBooks, id: u64, replica: ReplicaId) -> Booking {
-        Booking { books, id, replica, done: false }
+    pub(crate) fn new(id: u64, replica: ReplicaId) -> Booking {
+        Booking { id, replica }
     }
 
     /// The booking's id (unique within this router).
@@ -692,32 +686,5 @@ impl Booking {
     /// The replica it is booked on.
     pub fn replica(&self) -> ReplicaId {
         self.replica
-    }
-
-    /// The first token arrived: the prefill is done. Returns the TTFT
-    /// measured from booking, the first time only.
-    pub fn first_token(&mut self, now: Instant) -> Option<Duration> {
-        lock(&self.books).first_token((Origin::Local, self.id), now, true)
-    }
-
-    /// The prefill is presumed done but its first token was not observed
-    /// (a whole, non-streamed response): moves to decoding without feeding
-    /// calibration.
-    pub fn first_token_unmeasured(&mut self, now: Instant) {
-        lock(&self.books).first_token((Origin::Local, self.id), now, false);
-    }
-
-    /// The request ended.
-    pub fn finish(mut self, outcome: Outcome) {
-        self.done = true;
-        lock(&self.books).release((Origin::Local, self.id), Release::Outcome(outcome));
-    }
-}
-
-impl Drop for Booking {
-    fn drop(&mut self) {
-        if !self.done {
-            lock(&self.books).release((Origin::Local, self.id), Release::Dropped);
-        }
     }
 }

@@ -6,7 +6,7 @@
 //! - `config.rs`: [`RouterConfig`], the single source of the router's
 //!   settings and defaults.
 //! - `replica.rs`: [`ReplicaInfo`], [`Health`], [`EngineReport`], [`EngineTiming`].
-//! - `ledger.rs`: the in-flight ledger and its RAII [`Booking`] guard,
+//! - `ledger.rs`: the in-flight ledger and its [`Booking`] values,
 //!   reconciliation with engine reports, peer bookings.
 //! - `calibrate.rs`: robust online calibration of prefill and transfer speed.
 //! - `cost.rs`: the predicted-TTFT model ([`predict`]).
@@ -22,7 +22,8 @@
 //! - Every routed request is booked in the ledger through one path
 //!   (`decide.rs`), whatever the policy.
 //! - A booking leaves the ledger exactly once, and every way out is counted.
-//! - Nothing here depends on tokio or reads a clock.
+//! - Nothing here depends on tokio, reads a clock or takes a lock: the
+//!   shell that owns the router serialises access to it.
 
 mod approx_tree;
 mod attract;

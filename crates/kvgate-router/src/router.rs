@@ -5,7 +5,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvgate_index::{BlockKey, ReplicaId};
@@ -16,7 +16,9 @@ use crate::approx_tree::ApproxTree;
 use crate::config::RouterConfig;
 use crate::error::RouterError;
 use crate::explain::{Candidate, DecisionLog, Explanation};
-use crate::ledger::{lock, Books, LedgerChange, LedgerTotals, LoadView, PeerId, SharedBooks};
+use crate::ledger::{
+    Booking, Books, LedgerChange, LedgerTotals, LoadView, Origin, Outcome, PeerId, Release,
+};
 use crate::replica::{EngineReport, Health, ReplicaInfo};
 use crate::tentative::{Tentative, TentativeStats};
 
@@ -53,7 +55,7 @@ pub(crate) struct RouterReplica {
 #[derive(Debug)]
 pub struct Router {
     pub(crate) config: RouterConfig,
-    pub(crate) books: SharedBooks,
+    pub(crate) books: Books,
     pub(crate) replicas: Vec<Option<RouterReplica>>,
     /// Registered ids in registration order (candidate order).
     pub(crate) order: Vec<ReplicaId>,
@@ -104,7 +106,7 @@ impl Router {
             ),
             log: DecisionLog::new(config.explain_last),
             config,
-            books: Arc::new(Mutex::new(books)),
+            books,
             replicas: Vec::new(),
             order: Vec::new(),
             rng: SmallRng::seed_from_u64(seed),
@@ -150,7 +152,7 @@ impl Router {
         self.replicas[id.index()] =
             Some(RouterReplica { info, health: Health::Healthy, report: None, name_hash });
         self.order.push(id);
-        lock(&self.books).add_replica(id);
+        self.books.add_replica(id);
         Ok(())
     }
 
@@ -164,7 +166,7 @@ impl Router {
         self.order.retain(|&r| r != id);
         self.tentative.clear_replica(id);
         self.approx.remove_tenant(id.0);
-        lock(&self.books).remove_replica(id);
+        self.books.remove_replica(id);
         Ok(())
     }
 
@@ -208,7 +210,7 @@ impl Router {
     /// and compared with the ledger.
     pub fn report(&mut self, id: ReplicaId, report: EngineReport) -> Result<(), RouterError> {
         self.replica_mut(id)?.report = Some(report);
-        lock(&self.books).reconcile(id, &report);
+        self.books.reconcile(id, &report);
         Ok(())
     }
 
@@ -229,17 +231,41 @@ impl Router {
 
     /// The ledger's view of a replica's load and calibration.
     pub fn load(&self, id: ReplicaId) -> Option<LoadView> {
-        lock(&self.books).view(id)
+        self.books.view(id)
     }
 
     /// The ledger's lifetime counters.
     pub fn ledger_totals(&self) -> LedgerTotals {
-        lock(&self.books).totals()
+        self.books.totals()
     }
 
     /// Bookings in flight (all origins).
     pub fn in_flight(&self) -> usize {
-        lock(&self.books).in_flight()
+        self.books.in_flight()
+    }
+
+    /// `booking`'s first token arrived: its prefill is done. Returns the TTFT
+    /// measured from booking, the first time only (it feeds calibration).
+    pub fn first_token(&mut self, booking: Booking, now: Instant) -> Option<Duration> {
+        self.books.first_token((Origin::Local, booking.id()), now, true)
+    }
+
+    /// `booking`'s prefill is presumed done but its first token was not
+    /// observed (a whole, non-streamed response): it moves to decoding
+    /// without feeding calibration.
+    pub fn first_token_unmeasured(&mut self, booking: Booking, now: Instant) {
+        self.books.first_token((Origin::Local, booking.id()), now, false);
+    }
+
+    /// `booking`'s request ended. A second call is counted as a late update.
+    pub fn finish(&mut self, booking: Booking, outcome: Outcome) {
+        self.books.release((Origin::Local, booking.id()), Release::Outcome(outcome));
+    }
+
+    /// `booking`'s request was dropped without an outcome (the shell's guard
+    /// went away): released and counted as `dropped`.
+    pub fn abandon(&mut self, booking: Booking) {
+        self.books.release((Origin::Local, booking.id()), Release::Dropped);
     }
 
     /// Tentative-block counters.
@@ -260,7 +286,7 @@ impl Router {
     /// Periodic upkeep: expires stale bookings and tentative blocks. Decisions
     /// call it too; call it from a timer when traffic may stop.
     pub fn maintain(&mut self, now: Instant, index: Option<&kvgate_index::Index>) {
-        lock(&self.books).sweep(now);
+        self.books.sweep(now);
         self.tentative.expire(now, index);
     }
 
@@ -268,13 +294,13 @@ impl Router {
     /// leaves the ledger by any path), so that a shell can wake requests
     /// waiting for a busy replica. It runs under the ledger's lock.
     pub fn on_load_change(&mut self, listener: crate::LoadListener) {
-        lock(&self.books).set_listener(listener);
+        self.books.set_listener(listener);
     }
 
     /// Starts (or stops) collecting local ledger changes, and the blocks
     /// each routed request will soon cache, for peers.
     pub fn share_with_peers(&mut self, enabled: bool) {
-        lock(&self.books).set_outbox(enabled);
+        self.books.set_outbox(enabled);
         self.tentative_outbox = enabled.then(Vec::new);
     }
 
@@ -300,7 +326,7 @@ impl Router {
     /// Moves the local ledger changes made since the last call into `out`.
     /// Returns how many changes were dropped because nobody drained them.
     pub fn drain_ledger_changes(&mut self, out: &mut Vec<LedgerChange>) -> u64 {
-        let mut books = lock(&self.books);
+        let books = &mut self.books;
         books.drain_changes(out);
         books.outbox_overflow()
     }
@@ -310,7 +336,7 @@ impl Router {
     /// that no longer applies (already finished, unknown replica); such
     /// changes are counted as late updates, never an error.
     pub fn apply_peer(&mut self, peer: PeerId, change: &LedgerChange, now: Instant) -> bool {
-        let mut books = lock(&self.books);
+        let books = &mut self.books;
         let origin = crate::ledger::Origin::Peer(peer);
         match *change {
             LedgerChange::Book { id, replica, prefill_tokens, blocks } => {
@@ -329,6 +355,6 @@ impl Router {
     /// Drops every booking a peer made (it went away); they are counted as
     /// `peer_gone`. Returns how many.
     pub fn forget_peer(&mut self, peer: PeerId) -> usize {
-        lock(&self.books).forget_peer(peer)
+        self.books.forget_peer(peer)
     }
 }

@@ -177,16 +177,16 @@ proptest! {
                 }
                 Op::FirstToken(i) if !live.is_empty() => {
                     let n = live.len();
-                    live[i % n].first_token(now);
+                    r.first_token(live[i % n], now);
                 }
                 Op::Finish(i, o) if !live.is_empty() => {
                     let n = live.len();
                     let b = live.swap_remove(i % n);
-                    b.finish([Outcome::Finished, Outcome::Cancelled, Outcome::Error][o as usize]);
+                    r.finish(b, [Outcome::Finished, Outcome::Cancelled, Outcome::Error][o as usize]);
                 }
                 Op::Drop(i) if !live.is_empty() => {
                     let n = live.len();
-                    drop(live.swap_remove(i % n));
+                    r.abandon(live.swap_remove(i % n));
                 }
                 Op::Report { replica, running, waiting } => {
                     let rep = EngineReport {

@@ -133,7 +133,7 @@ fn all_busy_waits_boundedly_then_rejects() {
         Decision::Reject { reason: RejectReason::AllBusy, .. }
     ));
     // Finishing one frees a replica; the queued request is routed.
-    _a.booking.finish(Outcome::Finished);
+    r.finish(_a.booking, Outcome::Finished);
     let d = r.decide_with_matches(&q, &[], t0 + Duration::from_millis(700));
     assert!(matches!(d, Decision::Routed(_)));
     let m = r.metrics();
@@ -208,13 +208,13 @@ fn bookings_expire_and_drops_are_counted() {
     let t0 = Instant::now();
     let a = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
     let b = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
-    drop(b);
+    r.abandon(b.booking);
     assert_eq!(r.ledger_totals().dropped, 1);
     r.maintain(t0 + Duration::from_secs(11), None);
     let t = r.ledger_totals();
     assert_eq!((t.expired, r.in_flight()), (1, 0));
     // The late finish is counted, not double-released.
-    a.booking.finish(Outcome::Finished);
+    r.finish(a.booking, Outcome::Finished);
     let t = r.ledger_totals();
     assert_eq!((t.finished, t.late_updates), (0, 1));
 }
@@ -228,12 +228,12 @@ fn first_token_measures_ttft_and_feeds_calibration() {
         let t = t0 + Duration::from_secs(i * 10);
         // Distinct prompts: no tentative hits.
         let k = keys(512, 100 + i);
-        let mut d = r.decide_with_matches(&req(&k), &[], t).routed().unwrap();
+        let d = r.decide_with_matches(&req(&k), &[], t).routed().unwrap();
         // Twice as slow as the prior (16k tokens/s): about 1 s of prefill.
-        let ttft = d.booking.first_token(t + Duration::from_millis(1020)).unwrap();
+        let ttft = r.first_token(d.booking, t + Duration::from_millis(1020)).unwrap();
         assert_eq!(ttft, Duration::from_millis(1020));
-        assert_eq!(d.booking.first_token(t + Duration::from_secs(2)), None);
-        d.booking.finish(Outcome::Finished);
+        assert_eq!(r.first_token(d.booking, t + Duration::from_secs(2)), None);
+        r.finish(d.booking, Outcome::Finished);
     }
     let after = r.load(ReplicaId(0)).unwrap();
     assert!(after.calibration_samples == 10);
@@ -293,7 +293,7 @@ fn peer_bookings_count_as_load_and_age_out() {
     // Local changes are offered to peers when sharing is on.
     r.share_with_peers(true);
     let d2 = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
-    d2.booking.finish(Outcome::Finished);
+    r.finish(d2.booking, Outcome::Finished);
     let mut out = Vec::new();
     assert_eq!(r.drain_ledger_changes(&mut out), 0);
     assert!(matches!(out[0], LedgerChange::Book { .. }));
@@ -385,7 +385,7 @@ fn baselines_behave_like_their_namesakes() {
         for _ in 0..5 {
             let d = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
             assert_eq!(d.replica, ReplicaId(1), "{policy}");
-            d.booking.finish(Outcome::Finished);
+            r.finish(d.booking, Outcome::Finished);
         }
     }
     // random uses everyone.
@@ -503,14 +503,14 @@ fn the_load_listener_hears_first_tokens_and_releases() {
     }));
     let k = keys(4, 7);
     let now = Instant::now();
-    let mut a = r.decide_with_matches(&req(&k), &[gpu(0), gpu(0)], now).routed().unwrap();
+    let a = r.decide_with_matches(&req(&k), &[gpu(0), gpu(0)], now).routed().unwrap();
     let b = r.decide_with_matches(&req(&k), &[gpu(0), gpu(0)], now).routed().unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 0, "booking adds load: no call");
-    a.booking.first_token(now);
-    a.booking.first_token(now);
+    r.first_token(a.booking, now);
+    r.first_token(a.booking, now);
     assert_eq!(calls.load(Ordering::SeqCst), 1, "the first token once");
-    a.booking.finish(Outcome::Finished);
+    r.finish(a.booking, Outcome::Finished);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
-    drop(b);
-    assert_eq!(calls.load(Ordering::SeqCst), 3, "a dropped booking is released too");
+    r.abandon(b.booking);
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "an abandoned booking is released too");
 }

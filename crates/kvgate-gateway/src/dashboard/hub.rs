@@ -12,8 +12,8 @@ use tokio::sync::watch;
 
 use super::frame::Frame;
 use super::window::{Sample, Window};
-use crate::admin::recent_decisions_json;
 use crate::config::DashboardConfig;
+use crate::decision_json::recent_decisions_json;
 use crate::fleet_view::FleetView;
 use crate::locks::lock;
 use crate::metrics::Metrics;

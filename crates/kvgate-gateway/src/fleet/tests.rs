@@ -196,7 +196,7 @@ fn a_drained_replica_gets_no_new_requests_while_its_own_finish() {
         "a draining replica is not routable"
     );
     assert!(!f.idle(id), "its request is still in flight");
-    first.booking.finish(Outcome::Finished);
+    f.router_mut().finish(first.booking, Outcome::Finished);
     assert!(f.idle(id));
     f.set_draining(id, false, ms(t0, 3));
     assert!(matches!(route(&mut f, &keys, ms(t0, 4)), Decision::Routed(_)));

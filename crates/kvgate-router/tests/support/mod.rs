@@ -293,14 +293,14 @@ impl Fleet {
                 if is_first {
                     rec.ttft = Some(at - rec.arrival);
                     rec.cached_tokens = cached_tokens;
-                    if let Some(b) = self.bookings.get_mut(&request) {
-                        b.first_token(now);
+                    if let Some(&b) = self.bookings.get(&request) {
+                        self.router.first_token(b, now);
                     }
                 }
                 if finished {
                     rec.finished_at = Some(at);
                     if let Some(b) = self.bookings.remove(&request) {
-                        b.finish(Outcome::Finished);
+                        self.router.finish(b, Outcome::Finished);
                     }
                 }
             }
