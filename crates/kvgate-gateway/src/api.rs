@@ -3,7 +3,7 @@
 //! that prepare a request and hand it to `forward`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -14,7 +14,7 @@ use kvgate_openai::ErrorResponse;
 use serde_json::{json, Value};
 
 use kvgate_tokenize::service::TokenizeService;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::config::ModelConfig;
 use crate::fleet_handle::FleetHandle;
@@ -25,19 +25,18 @@ use crate::prepare::{self, Preparer};
 use crate::request_error::{Reason, RequestError};
 use crate::response::{answer, error_response};
 use crate::route::Route;
+use crate::shed::Admitted;
 
 /// What the client-facing handlers use, built once by the wiring: the
-/// request path's stages (`preparer`, `forwarder`) and what sheds before
-/// them (`closing`, `inflight`), the model's settings, the tokenizer for
+/// request path's stages (`preparer`, `forwarder`), the shutdown flag for
+/// readiness (shedding is the layer in `shed.rs`), the model's settings, the tokenizer for
 /// `/tokenize`, the fleet for readiness and adapters, and the snapshot and
 /// metrics for `/metrics`.
 #[derive(Debug)]
 pub(crate) struct ApiContext {
     pub(crate) model: ModelConfig,
-    /// Set on shutdown: new requests get 503, readiness says no.
+    /// Set on shutdown: readiness says no.
     pub(crate) closing: watch::Receiver<bool>,
-    /// Requests in flight, bounded by `limits.max_concurrent_requests`.
-    pub(crate) inflight: Arc<Semaphore>,
     pub(crate) preparer: Preparer,
     pub(crate) forwarder: Forwarder,
     pub(crate) tokenizer: Arc<TokenizeService>,
@@ -52,27 +51,30 @@ fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-pub(crate) async fn chat(State(s): S, headers: HeaderMap, body: Bytes) -> Response {
-    generate(s, Route::Chat, headers, body).await
+pub(crate) async fn chat(State(s): S, a: Admitted, headers: HeaderMap, body: Bytes) -> Response {
+    generate(s, Route::Chat, a, headers, body).await
 }
 
-pub(crate) async fn completions(State(s): S, headers: HeaderMap, body: Bytes) -> Response {
-    generate(s, Route::Completions, headers, body).await
+pub(crate) async fn completions(
+    State(s): S,
+    a: Admitted,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(s, Route::Completions, a, headers, body).await
 }
 
-async fn generate(s: Arc<ApiContext>, route: Route, headers: HeaderMap, body: Bytes) -> Response {
+/// A generation request the shedding layer admitted (`shed.rs`), holding
+/// its in-flight permit until the answer has been streamed out.
+async fn generate(
+    s: Arc<ApiContext>,
+    route: Route,
+    Admitted(permit): Admitted,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let t0 = Instant::now();
     let label = route.label();
-    if *s.closing.borrow() {
-        let e = ErrorResponse::unavailable("kvgate is shutting down");
-        return answer(&s.metrics, label, "", &RequestError::new(Reason::ShuttingDown, e));
-    }
-    let Ok(permit) = Arc::clone(&s.inflight).try_acquire_owned() else {
-        // Shed at once rather than queue without bound; clients back off.
-        let e = ErrorResponse::rate_limited("too many requests in flight; retry later");
-        let e = RequestError::new(Reason::Overloaded, e).retry_after(Duration::from_secs(1));
-        return answer(&s.metrics, label, "", &e);
-    };
     let prepared = match route {
         Route::Chat => prepare::chat(&s.preparer, body).await,
         Route::Completions => prepare::completions(&s.preparer, body).await,

@@ -14,7 +14,6 @@ use futures_util::StreamExt;
 use kvgate_index::ReplicaId;
 use kvgate_openai::ErrorResponse;
 use kvgate_router::{Decision, Outcome, RejectReason, RouteRequest, Routed};
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::admission::Admission;
 use crate::booking::HeldBooking;
@@ -29,6 +28,7 @@ use crate::replica_status::Failure;
 use crate::request_error::{Reason, RequestError};
 use crate::response::answer;
 use crate::settings::RequestLimits;
+use crate::shed::InflightPermit;
 
 /// Largest engine error body read to relay its message, bytes.
 const MAX_ERROR_BODY: usize = 64 << 10;
@@ -59,7 +59,7 @@ pub(crate) async fn forward(
     fwd: &Forwarder,
     p: Prepared,
     client_headers: &HeaderMap,
-    permit: OwnedSemaphorePermit,
+    permit: InflightPermit,
     t0: Instant,
 ) -> Response {
     let label = p.route.label();
@@ -275,7 +275,7 @@ async fn respond(
     routed: Routed,
     mut booking: HeldBooking,
     resp: EngineResponse,
-    permit: OwnedSemaphorePermit,
+    permit: InflightPermit,
     t0: Instant,
 ) -> Response {
     let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);

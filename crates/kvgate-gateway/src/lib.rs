@@ -74,6 +74,7 @@ mod route;
 mod scrape;
 mod server;
 mod settings;
+mod shed;
 mod snapshot;
 mod state;
 mod supervise;

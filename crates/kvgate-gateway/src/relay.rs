@@ -19,7 +19,6 @@ use futures_util::stream::{Stream, StreamExt};
 use kvgate_openai::sse::{write_done, write_error};
 use kvgate_openai::{ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
 use kvgate_router::Outcome;
-use tokio::sync::OwnedSemaphorePermit;
 
 use crate::booking::HeldBooking;
 use crate::engine_client::BodyStream;
@@ -28,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::replica::Replica;
 use crate::replica_status::Failure;
 use crate::request_error::{Reason, RequestError};
+use crate::shed::InflightPermit;
 
 /// Largest single SSE event the tap parses (bigger events pass through but
 /// are not inspected).
@@ -59,7 +59,7 @@ pub(crate) struct Relay {
     idle: Duration,
     first_seen: bool,
     done: bool,
-    _permit: OwnedSemaphorePermit,
+    _permit: InflightPermit,
 }
 
 impl std::fmt::Debug for Relay {
@@ -77,7 +77,7 @@ impl Relay {
         replica: Arc<Replica>,
         booking: HeldBooking,
         upstream: BodyStream,
-        permit: OwnedSemaphorePermit,
+        permit: InflightPermit,
         t0: Instant,
     ) -> Relay {
         let RelayContext { metrics, fleet, idle, route } = ctx;

@@ -109,9 +109,14 @@ fn admin_routes(shared: &Arc<Shared>) -> Router {
 
 fn app(shared: &Arc<Shared>, api: &Arc<ApiContext>) -> Router {
     let c = &shared.config;
-    let mut protected = Router::new()
+    // The generation routes' layers, outermost first: shedding (503 while
+    // shutting down, 429 at the in-flight limit), then the key check.
+    let generation = Router::new()
         .route("/v1/chat/completions", post(api::chat))
         .route("/v1/completions", post(api::completions))
+        .layer(middleware::from_fn_with_state(Arc::clone(shared), client_auth))
+        .layer(middleware::from_fn_with_state(shared.shedding(), crate::shed::shed));
+    let mut protected = Router::new()
         .route("/v1/models", get(api::models))
         .route("/tokenize", post(api::tokenize))
         .route("/detokenize", post(api::detokenize));
@@ -121,6 +126,7 @@ fn app(shared: &Arc<Shared>, api: &Arc<ApiContext>) -> Router {
     let protected =
         protected.layer(middleware::from_fn_with_state(Arc::clone(shared), client_auth));
     let mut router = Router::new()
+        .merge(generation)
         .merge(protected)
         .route("/health", get(api::health))
         .route("/ready", get(api::ready))

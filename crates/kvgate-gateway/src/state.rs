@@ -34,6 +34,7 @@ use crate::peers::PeerContext;
 use crate::prepare::Preparer;
 use crate::registry::Registry;
 use crate::settings::Settings;
+use crate::shed::Shedding;
 use crate::throttle::{ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 
 /// Everything the gateway is made of. Named only by the wiring
@@ -171,12 +172,20 @@ impl Shared {
         Arc::new(ApiContext {
             model: c.model.clone(),
             closing: self.closing.subscribe(),
-            inflight: Arc::clone(&self.inflight),
             preparer,
             forwarder,
             tokenizer: Arc::clone(&self.tokenizer),
             fleet: Arc::clone(&self.fleet),
             view: Arc::clone(&self.view),
+            metrics: Arc::clone(&self.metrics),
+        })
+    }
+
+    /// The generation routes' shedding layer.
+    pub(crate) fn shedding(&self) -> Arc<Shedding> {
+        Arc::new(Shedding {
+            closing: self.closing.subscribe(),
+            inflight: Arc::clone(&self.inflight),
             metrics: Arc::clone(&self.metrics),
         })
     }
