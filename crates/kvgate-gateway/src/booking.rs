@@ -26,27 +26,27 @@ impl HeldBooking {
 
     /// The first token arrived: the prefill is done. Returns the TTFT
     /// measured from booking, the first time only.
-    pub(crate) fn first_token(&mut self, now: Instant) -> Option<Duration> {
-        self.fleet.first_token(self.booking, now, true)
+    pub(crate) fn first_token(&self, now: Instant) -> Option<Duration> {
+        self.fleet.first_token(self.booking, now)
     }
 
     /// The prefill is presumed done but its first token was not observed (a
     /// whole, non-streamed response).
-    pub(crate) fn first_token_unmeasured(&mut self, now: Instant) {
-        self.fleet.first_token(self.booking, now, false);
+    pub(crate) fn first_token_unmeasured(&self, now: Instant) {
+        self.fleet.first_token_unmeasured(self.booking, now);
     }
 
     /// The request ended.
     pub(crate) fn finish(mut self, outcome: Outcome) {
         self.done = true;
-        self.fleet.release(self.booking, Some(outcome));
+        self.fleet.finish(self.booking, outcome);
     }
 }
 
 impl Drop for HeldBooking {
     fn drop(&mut self) {
         if !self.done {
-            self.fleet.release(self.booking, None);
+            self.fleet.abandon(self.booking);
         }
     }
 }

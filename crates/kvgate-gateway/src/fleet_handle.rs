@@ -35,32 +35,24 @@ impl FleetHandle {
         self.with(|f| f.route(req, now))
     }
 
-    /// `booking`'s first token arrived; `measured`: it was observed, so its
-    /// TTFT feeds calibration. Returns the TTFT, the first time only.
-    pub(crate) fn first_token(
-        &self,
-        booking: Booking,
-        now: Instant,
-        measured: bool,
-    ) -> Option<Duration> {
-        self.with(|f| {
-            let r = f.router_mut();
-            if measured {
-                r.first_token(booking, now)
-            } else {
-                r.first_token_unmeasured(booking, now);
-                None
-            }
-        })
+    /// `booking`'s first token arrived ([`Router::first_token`](kvgate_router::Router::first_token)).
+    pub(crate) fn first_token(&self, booking: Booking, now: Instant) -> Option<Duration> {
+        self.with(|f| f.router_mut().first_token(booking, now))
     }
 
-    /// `booking`'s request ended with `outcome`, or, with `None`, was
-    /// dropped without one.
-    pub(crate) fn release(&self, booking: Booking, outcome: Option<Outcome>) {
-        self.with(|f| match outcome {
-            Some(o) => f.router_mut().finish(booking, o),
-            None => f.router_mut().abandon(booking),
-        });
+    /// `booking`'s first token is presumed, not observed.
+    pub(crate) fn first_token_unmeasured(&self, booking: Booking, now: Instant) {
+        self.with(|f| f.router_mut().first_token_unmeasured(booking, now));
+    }
+
+    /// `booking`'s request ended with `outcome`.
+    pub(crate) fn finish(&self, booking: Booking, outcome: Outcome) {
+        self.with(|f| f.router_mut().finish(booking, outcome));
+    }
+
+    /// `booking`'s request was dropped without an outcome.
+    pub(crate) fn abandon(&self, booking: Booking) {
+        self.with(|f| f.router_mut().abandon(booking));
     }
 
     /// Whether some replica's engine lists `model` as an adapter.

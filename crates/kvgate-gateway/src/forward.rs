@@ -273,7 +273,7 @@ async fn respond(
     p: &Prepared,
     replica: Arc<Replica>,
     routed: Routed,
-    mut booking: HeldBooking,
+    booking: HeldBooking,
     resp: EngineResponse,
     permit: InflightPermit,
     t0: Instant,

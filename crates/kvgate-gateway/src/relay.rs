@@ -154,7 +154,7 @@ impl Relay {
         if !self.first_seen && self.tap.has_output() {
             self.first_seen = true;
             let now = Instant::now();
-            if let Some(b) = self.booking.as_mut() {
+            if let Some(b) = self.booking.as_ref() {
                 b.first_token(now);
             }
             self.metrics.ttft(self.route, now.saturating_duration_since(self.t0).as_secs_f64());

@@ -40,7 +40,7 @@ fn held(fleet: &Arc<FleetHandle>) -> HeldBooking {
 fn a_held_booking_is_released_once_however_the_request_ends() {
     // (Test code reads the ledger through the lock; the request path never does.)
     let shell = handle();
-    let mut a = held(&shell);
+    let a = held(&shell);
     let b = held(&shell);
     assert_eq!(shell.with(|f| f.router().in_flight()), 2);
     let t = Instant::now();
