@@ -44,10 +44,16 @@ pub(crate) async fn run(args: TailArgs) -> anyhow::Result<()> {
         }
     };
     tokio::pin!(sleep);
+    // One ctrl_c future for the whole loop: a fresh one per iteration only
+    // hears signals sent after it was made, so a SIGINT that arrived while
+    // an update was being printed was lost and the tail never stopped (a CI
+    // flake of `events_tail::publisher_restart_resets_view`).
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     loop {
         tokio::select! {
             () = &mut sleep => break,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = &mut ctrl_c => break,
             update = rx.recv() => {
                 let Some(update) = update else { break };
                 if let Some(view) = view.as_mut() {
