@@ -210,10 +210,26 @@ def port_free(p: int) -> bool:
         s.close()
 
 
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' source ports."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port_block(n: int) -> int:
+    # Below the ephemeral range when it leaves room: a port that is free when
+    # checked can otherwise be taken as the source port of some outgoing
+    # connection before the sim binds it (seen once: "Address already in use").
+    lo, hi = ephemeral_range()
+    span = (10000, lo - n) if lo - n > 12000 else (max(hi + 1, 1024), 65535 - n)
+    if span[0] >= span[1]:
+        span = (20000, 60000 - n)
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20000, 60000 - n)
+        base = rng.randrange(*span)
         if all(port_free(base + i) for i in range(n)):
             return base
     raise BenchError(f"no block of {n} free loopback ports found")
