@@ -12,6 +12,7 @@ use kvgate_tokenize::EncoderChoice;
 use serde::{Deserialize, Serialize};
 
 pub use crate::cluster_config::{DiscoveryConfig, PeersConfig};
+pub use crate::epp_config::{EppConfig, DEFAULT_EPP_LISTEN};
 use crate::error::ConfigError;
 
 /// How a replica receives the prompt tokens kvgate computed.
@@ -482,6 +483,8 @@ pub struct GatewayConfig {
     pub peers: PeersConfig,
     /// Engines found through DNS.
     pub discovery: DiscoveryConfig,
+    /// The endpoint picker front door (`kvgate epp`).
+    pub epp: EppConfig,
 }
 
 impl Default for GatewayConfig {
@@ -503,6 +506,7 @@ impl Default for GatewayConfig {
             dashboard: DashboardConfig::default(),
             peers: PeersConfig::default(),
             discovery: DiscoveryConfig::default(),
+            epp: EppConfig::default(),
         }
     }
 }
@@ -680,6 +684,7 @@ impl GatewayConfig {
         }
         self.peers.validate()?;
         self.discovery.validate()?;
+        self.epp.validate(self.auth.allow_unauthenticated)?;
         let s = &self.embedded_sims;
         if self.replicas.is_empty() && !(1..=64).contains(&s.replicas) {
             return bad("embedded_sims.replicas must be in 1..=64".into());

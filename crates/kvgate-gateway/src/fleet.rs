@@ -45,6 +45,14 @@ pub(crate) struct Readiness {
     pub(crate) in_rotation: usize,
 }
 
+impl Readiness {
+    /// Ready to route: every replica seen, every event stream synced, one
+    /// in rotation (`/ready` and the endpoint picker's gRPC health).
+    pub(crate) fn ready(&self) -> bool {
+        self.not_seen.is_empty() && self.not_synced.is_empty() && self.in_rotation > 0
+    }
+}
+
 /// The fleet's state. See the module docs.
 #[derive(Debug)]
 pub(crate) struct Fleet {

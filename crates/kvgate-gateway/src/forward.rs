@@ -11,16 +11,15 @@ use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use futures_util::StreamExt;
-use kvgate_index::ReplicaId;
 use kvgate_openai::ErrorResponse;
-use kvgate_router::{Decision, Outcome, RejectReason, RouteRequest, Routed};
+use kvgate_router::{Outcome, Routed};
 
-use crate::admission::Admission;
 use crate::booking::HeldBooking;
 use crate::directory::Directory;
 use crate::engine_client::{BodyStream, EngineClient, EngineRequest, EngineResponse, SendError};
 use crate::fleet_handle::FleetHandle;
 use crate::metrics::Metrics;
+use crate::placement::{Attempts, Placer};
 use crate::prepare::Prepared;
 use crate::relay::{Relay, RelayContext};
 use crate::replica::Replica;
@@ -33,15 +32,15 @@ use crate::shed::InflightPermit;
 /// Largest engine error body read to relay its message, bytes.
 const MAX_ERROR_BODY: usize = 64 << 10;
 
-/// What routing and forwarding a request use: the fleet handle (decide,
-/// report failures), the directory (where the chosen replica is), the
-/// admission queue, the engines, the metrics, and the request path's
-/// settings. Built once by the wiring.
+/// What routing and forwarding a request use: the placement (the fleet's
+/// decision and the admission queue), the fleet handle (report failures),
+/// the directory (where the chosen replica is), the engines, the metrics,
+/// and the request path's settings. Built once by the wiring.
 #[derive(Debug)]
 pub(crate) struct Forwarder {
+    pub(crate) placer: Placer,
     pub(crate) fleet: Arc<FleetHandle>,
     pub(crate) replicas: Arc<Directory>,
-    pub(crate) admission: Arc<Admission>,
     pub(crate) engines: Arc<dyn EngineClient>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) limits: RequestLimits,
@@ -49,8 +48,6 @@ pub(crate) struct Forwarder {
     pub(crate) block_size: u32,
     /// `replica_header`: name the replica in `x-kvgate-replica`.
     pub(crate) replica_header: bool,
-    /// `model.lora_adapters`: adapters every replica serves.
-    pub(crate) lora_adapters: Vec<String>,
 }
 
 /// Routes and forwards `p`; `permit` bounds concurrency for the whole life
@@ -64,72 +61,13 @@ pub(crate) async fn forward(
 ) -> Response {
     let label = p.route.label();
     let fwd_headers = crate::auth::forwarded(client_headers);
-    // An adapter an engine listed (not one declared for the whole fleet) is
-    // served only by the replicas that list it.
-    let mut exclude: Vec<ReplicaId> =
-        fwd.fleet.without_adapter(p.adapter.as_deref(), &fwd.lora_adapters);
-    let not_serving = exclude.len();
-    let mut queued_since: Option<Instant> = None;
-    let mut last_error: Option<RequestError> = None;
+    let exclude = fwd.placer.without_adapter(p.adapter.as_deref());
+    let mut attempts = Attempts::new(&fwd.placer, exclude);
     let max_retries = fwd.limits.max_retries;
-    // Someone is already waiting for a replica: queue behind them rather
-    // than take the next free one first (admission.rs).
-    let mut ticket = (!fwd.admission.is_empty()).then(|| {
-        queued_since = Some(Instant::now());
-        fwd.admission.join()
-    });
     loop {
-        if let Some(t) = &ticket {
-            fwd.admission.turn(t).await;
-        }
-        let now = Instant::now();
-        let decision = {
-            let req = RouteRequest {
-                prompt_tokens: p.prompt_tokens,
-                keys: &p.keys,
-                max_output_tokens: p.max_output,
-                session_key: p.session_key.as_deref(),
-                approx_symbols: p.tokens.as_deref(),
-                queued_since,
-                exclude: &exclude,
-            };
-            fwd.fleet.route(&req, now)
-        };
-        fwd.metrics.decide_time(now.elapsed().as_secs_f64());
-        if !matches!(decision, Decision::Wait { .. }) {
-            // Routed or rejected: the next in line goes now.
-            drop(ticket.take());
-        }
-        let routed = match decision {
-            Decision::Routed(r) => r,
-            Decision::Wait { retry_after } => {
-                queued_since.get_or_insert(now);
-                if ticket.is_none() {
-                    ticket = Some(fwd.admission.join());
-                }
-                // Only the head of the queue gets here; the others wait in
-                // `turn` without asking the router.
-                fwd.admission.pause(retry_after).await;
-                continue;
-            }
-            Decision::Reject { reason, retry_after } => {
-                let e = match (reason, last_error.take()) {
-                    // Every replica tried failed: report the last failure.
-                    (RejectReason::NoReplica, Some(e)) if exclude.len() > not_serving => {
-                        RequestError::new(Reason::NoReplica, e.body)
-                    }
-                    (RejectReason::NoReplica, _) => RequestError::new(
-                        Reason::NoReplica,
-                        ErrorResponse::unavailable("no replica is available to serve this request"),
-                    ),
-                    // Load shedding: 429, so that clients back off and retry.
-                    (RejectReason::AllBusy, _) => RequestError::new(
-                        Reason::AllBusy,
-                        ErrorResponse::rate_limited("every replica is busy; retry later"),
-                    ),
-                };
-                return answer(&fwd.metrics, label, "", &e.retry_after(retry_after));
-            }
+        let routed = match fwd.placer.place(&p, &mut attempts).await {
+            Ok(r) => r,
+            Err(e) => return answer(&fwd.metrics, label, "", &e),
         };
         // Held from here: a request dropped while the engine is asked
         // (the client went away) releases its booking on the way out.
@@ -137,7 +75,7 @@ pub(crate) async fn forward(
         let Some(replica) = fwd.replicas.get(routed.replica) else {
             // Removed between the decision and now.
             booking.finish(Outcome::Error);
-            exclude.push(routed.replica);
+            attempts.exclude.push(routed.replica);
             continue;
         };
         match send(fwd, &p, &replica, &fwd_headers).await {
@@ -145,14 +83,7 @@ pub(crate) async fn forward(
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let cached = u64::from(routed.cached_blocks) * u64::from(fwd.block_size);
                 fwd.metrics.prompt_tokens(p.prompt_tokens, cached.min(p.prompt_tokens));
-                let span = tracing::Span::current();
-                span.record("replica", replica.name.as_str());
-                span.record("cached_blocks", routed.cached_blocks);
-                span.record("predicted_ttft_s", routed.predicted_ttft_s);
-                if let Some(e) = &routed.explanation {
-                    span.record("reason", e.reason.label());
-                }
-                tracing::debug!("routed");
+                record_decision(&replica, &routed);
                 return respond(fwd, &p, replica, routed, booking, resp, permit, t0).await;
             }
             Err(err) => {
@@ -161,15 +92,26 @@ pub(crate) async fn forward(
                 tracing::warn!(replica = %replica.name, %reason, error = %message, "engine failed; trying another replica");
                 fwd.fleet.failed(replica.id, message.clone(), Failure::Error, Instant::now());
                 fwd.metrics.count(err.reason);
-                exclude.push(replica.id);
-                let tried = exclude.len() - not_serving;
-                if !err.reason.retryable() || tried > max_retries as usize {
+                attempts.exclude.push(replica.id);
+                if !err.reason.retryable() || attempts.tried() > max_retries as usize {
                     return answer(&fwd.metrics, label, &replica.name, &err);
                 }
-                last_error = Some(err);
+                attempts.last_error = Some(err);
             }
         }
     }
+}
+
+/// The decision, on the request's span.
+pub(crate) fn record_decision(replica: &Replica, routed: &Routed) {
+    let span = tracing::Span::current();
+    span.record("replica", replica.name.as_str());
+    span.record("cached_blocks", routed.cached_blocks);
+    span.record("predicted_ttft_s", routed.predicted_ttft_s);
+    if let Some(e) = &routed.explanation {
+        span.record("reason", e.reason.label());
+    }
+    tracing::debug!("routed");
 }
 
 /// Sends the request; `Err` when another replica should be tried.

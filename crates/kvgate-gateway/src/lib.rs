@@ -52,6 +52,8 @@ mod discovery;
 mod engine_client;
 #[cfg(test)]
 mod engine_fake;
+mod epp;
+mod epp_config;
 mod error;
 mod feed;
 mod fleet;
@@ -63,6 +65,7 @@ mod metrics;
 mod monitor;
 mod peer_state;
 mod peers;
+mod placement;
 mod prepare;
 mod registry;
 mod relay;

@@ -39,6 +39,14 @@ impl Replica {
         Ok([parse(Route::Chat)?, parse(Route::Completions)?])
     }
 
+    /// The engine's `host:port`, as a gateway's endpoint list names it
+    /// (the endpoint picker's answer; IPv6 hosts in brackets).
+    pub(crate) fn endpoint(&self) -> String {
+        let url = &self.route_urls[0];
+        let port = url.port_or_known_default().unwrap_or(80);
+        format!("{}:{port}", url.host_str().unwrap_or_default())
+    }
+
     /// The engine URL for `route`.
     pub(crate) fn route_url(&self, route: Route) -> &reqwest::Url {
         match route {

@@ -1,11 +1,18 @@
-//! The one place a gateway error becomes an HTTP answer: the OpenAI-style
-//! body with its status, and `Retry-After` on answers that ask the client
-//! to come back; [`answer`] also counts it.
+//! The one place a gateway error becomes an answer: an HTTP response (the
+//! proxy) or an ext_proc immediate response (the endpoint picker), each
+//! with the OpenAI-style body, its status, and `Retry-After` on answers
+//! that ask the client to come back; [`answer`] and [`immediate`] also
+//! count it.
 
 use std::time::Duration;
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue as EnvoyHeader, HeaderValueOption};
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_response, HeaderMutation, ImmediateResponse, ProcessingResponse,
+};
 use kvgate_openai::ErrorResponse;
 
 use crate::metrics::Metrics;
@@ -22,6 +29,60 @@ pub(crate) fn answer(
     replica: &str,
     e: &RequestError,
 ) -> Response {
+    count(metrics, route, replica, e);
+    let r = error_response(&e.body);
+    match e.retry_after {
+        Some(after) => with_retry_after(r, after),
+        None => r,
+    }
+}
+
+/// The endpoint picker's counterpart of [`answer`]: the gateway answers
+/// the client itself with `e`'s status, body and `Retry-After`, counted the
+/// same way.
+pub(crate) fn immediate(
+    metrics: &Metrics,
+    route: &'static str,
+    replica: &str,
+    e: &RequestError,
+) -> ProcessingResponse {
+    count(metrics, route, replica, e);
+    let mut headers = Vec::new();
+    if let Some(after) = e.retry_after {
+        headers.push(("retry-after", retry_after_secs(after).to_string().into_bytes()));
+    }
+    immediate_response(e.status(), e.body.to_vec(), &headers)
+}
+
+/// An ext_proc immediate response: the gateway answers with `status`,
+/// `body` (JSON) and `headers`, and never reaches an engine.
+fn immediate_response(
+    status: u16,
+    body: Vec<u8>,
+    headers: &[(&str, Vec<u8>)],
+) -> ProcessingResponse {
+    let set = |(key, value): (&str, Vec<u8>)| HeaderValueOption {
+        header: Some(EnvoyHeader { key: key.to_owned(), value: String::new(), raw_value: value }),
+        ..HeaderValueOption::default()
+    };
+    let mut set_headers = vec![set(("content-type", b"application/json".to_vec()))];
+    set_headers.extend(headers.iter().map(|(k, v)| set((k, v.clone()))));
+    let r = ImmediateResponse {
+        status: Some(HttpStatus { code: i32::from(status) }),
+        headers: Some(HeaderMutation { set_headers, remove_headers: Vec::new() }),
+        body,
+        details: "kvgate_epp".to_owned(),
+        ..ImmediateResponse::default()
+    };
+    ProcessingResponse {
+        response: Some(processing_response::Response::ImmediateResponse(r)),
+        ..ProcessingResponse::default()
+    }
+}
+
+/// `e` counted: `kvgate_requests_total{route,status,replica}` always, and a
+/// refusal's reason in `kvgate_rejected_total`.
+fn count(metrics: &Metrics, route: &'static str, replica: &str, e: &RequestError) {
     metrics.request(route, e.status(), replica);
     // Debug only: under overload every shed request ends here, and engine
     // failures were logged (warn) where they happened.
@@ -31,11 +92,10 @@ pub(crate) fn answer(
     if e.reason.family() == Family::Rejected {
         metrics.count(e.reason);
     }
-    let r = error_response(&e.body);
-    match e.retry_after {
-        Some(after) => with_retry_after(r, after),
-        None => r,
-    }
+}
+
+fn retry_after_secs(after: Duration) -> u64 {
+    after.as_secs_f64().ceil().max(1.0) as u64
 }
 
 /// The status and OpenAI-style JSON body of `e`.
@@ -46,8 +106,7 @@ pub(crate) fn error_response(e: &ErrorResponse) -> Response {
 
 /// `r` with `Retry-After: after` (whole seconds, at least 1).
 pub(crate) fn with_retry_after(mut r: Response, after: Duration) -> Response {
-    let secs = after.as_secs_f64().ceil().max(1.0) as u64;
-    if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+    if let Ok(v) = HeaderValue::from_str(&retry_after_secs(after).to_string()) {
         r.headers_mut().insert(header::RETRY_AFTER, v);
     }
     r

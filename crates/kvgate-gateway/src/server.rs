@@ -44,6 +44,7 @@ pub struct Gateway {
     admin_addr: Option<SocketAddr>,
     metrics_addr: Option<SocketAddr>,
     peer_addr: Option<SocketAddr>,
+    epp_addr: Option<SocketAddr>,
     stop_accepting: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
 }
@@ -274,6 +275,10 @@ impl Gateway {
             Some(a) => Some(bind(a).await?),
             None => None,
         };
+        let epp_listener = match config.epp.listen {
+            Some(a) => Some(bind(a).await?),
+            None => None,
+        };
         let engines = Arc::new(HttpEngines::new(client.clone()));
         let shared = Arc::new(Shared::new(config, Arc::new(tokenizer), engines, client)?);
         for r in shared.config.replicas.clone() {
@@ -287,6 +292,7 @@ impl Gateway {
         let admin_addr = admin_listener.as_ref().map(local).transpose()?;
         let metrics_addr = metrics_listener.as_ref().map(local).transpose()?;
         let peer_addr = peer_listener.as_ref().map(local).transpose()?;
+        let epp_addr = epp_listener.as_ref().map(local).transpose()?;
         let (stop_accepting, stop_rx) = watch::channel(false);
         // Each component's context, built once here.
         let api = shared.api_context();
@@ -312,6 +318,9 @@ impl Gateway {
                 .with_state(Arc::clone(&peer_context));
             servers.push(serve(l, p, &shared, stop_rx.clone()));
         }
+        if let Some(l) = epp_listener {
+            servers.push(crate::epp::serve(l, shared.epp_context(), stop_rx.clone()));
+        }
         servers.push(tokio::spawn(crate::upkeep::run(Arc::clone(&shared.fleet), stop_rx.clone())));
         if shared.config.peers.enabled() {
             servers.push(tokio::spawn(crate::peers::run(peer_context, stop_rx.clone())));
@@ -325,6 +334,7 @@ impl Gateway {
             admin = ?admin_addr,
             metrics = ?metrics_addr,
             peer = ?peer_addr,
+            epp = ?epp_addr,
             instance = %shared.peers.instance,
             model = %shared.config.model.served_name,
             policy = %shared.config.router.policy,
@@ -334,7 +344,16 @@ impl Gateway {
         if shared.config.auth.api_keys.is_empty() && !addr.ip().is_loopback() {
             tracing::warn!(%addr, "serving WITHOUT client authentication on a non-loopback address (--allow-unauthenticated)");
         }
-        Ok(Gateway { shared, addr, admin_addr, metrics_addr, peer_addr, stop_accepting, servers })
+        Ok(Gateway {
+            shared,
+            addr,
+            admin_addr,
+            metrics_addr,
+            peer_addr,
+            epp_addr,
+            stop_accepting,
+            servers,
+        })
     }
 
     /// The API address as bound.
@@ -355,6 +374,29 @@ impl Gateway {
     /// The peer endpoint's address, when `peers.listen` is set.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.peer_addr
+    }
+
+    /// The endpoint picker's gRPC address, when `epp.listen` is set.
+    pub fn epp_addr(&self) -> Option<SocketAddr> {
+        self.epp_addr
+    }
+
+    /// The fleet core's handle, for in-crate tests.
+    #[cfg(test)]
+    pub(crate) fn fleet(&self) -> &Arc<crate::fleet_handle::FleetHandle> {
+        &self.shared.fleet
+    }
+
+    /// The replica directory, for in-crate tests.
+    #[cfg(test)]
+    pub(crate) fn directory(&self) -> &Arc<crate::directory::Directory> {
+        &self.shared.replicas
+    }
+
+    /// The registry, for in-crate tests.
+    #[cfg(test)]
+    pub(crate) fn registry(&self) -> &Arc<crate::registry::Registry> {
+        &self.shared.registry
     }
 
     /// This process's peer instance id.

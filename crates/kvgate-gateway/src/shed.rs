@@ -41,17 +41,31 @@ pub(crate) struct Shedding {
 /// The layer (`axum::middleware::from_fn_with_state`).
 pub(crate) async fn shed(State(s): State<Arc<Shedding>>, mut req: Request, next: Next) -> Response {
     let label = Route::of_path(req.uri().path()).map_or("other", Route::label);
-    if *s.closing.borrow() {
-        let e = ErrorResponse::unavailable("kvgate is shutting down");
-        return answer(&s.metrics, label, "", &RequestError::new(Reason::ShuttingDown, e));
+    match s.admit() {
+        Ok(permit) => {
+            req.extensions_mut().insert::<InflightPermit>(permit);
+            next.run(req).await
+        }
+        Err(e) => answer(&s.metrics, label, "", &e),
     }
-    let Ok(permit) = Arc::clone(&s.inflight).try_acquire_owned() else {
-        let e = ErrorResponse::rate_limited("too many requests in flight; retry later");
-        let e = RequestError::new(Reason::Overloaded, e).retry_after(Duration::from_secs(1));
-        return answer(&s.metrics, label, "", &e);
-    };
-    req.extensions_mut().insert::<InflightPermit>(Arc::new(permit));
-    next.run(req).await
+}
+
+impl Shedding {
+    /// A new request's permit, or why it is refused: 503 while shutting
+    /// down, 429 at the in-flight limit. Both front doors (the HTTP routes
+    /// through [`shed`], the EPP per stream) admit through here.
+    pub(crate) fn admit(&self) -> Result<InflightPermit, Box<RequestError>> {
+        if *self.closing.borrow() {
+            let e = ErrorResponse::unavailable("kvgate is shutting down");
+            return Err(Box::new(RequestError::new(Reason::ShuttingDown, e)));
+        }
+        let Ok(permit) = Arc::clone(&self.inflight).try_acquire_owned() else {
+            let e = ErrorResponse::rate_limited("too many requests in flight; retry later");
+            let e = RequestError::new(Reason::Overloaded, e).retry_after(Duration::from_secs(1));
+            return Err(Box::new(e));
+        };
+        Ok(Arc::new(permit))
+    }
 }
 
 /// The in-flight permit the shedding layer gave this request.

@@ -23,6 +23,7 @@ use crate::api::ApiContext;
 use crate::dashboard::DashboardContext;
 use crate::directory::Directory;
 use crate::engine_client::EngineClient;
+use crate::epp::EppContext;
 use crate::error::{ConfigError, StartError};
 use crate::fleet::Fleet;
 use crate::fleet_handle::FleetHandle;
@@ -31,6 +32,7 @@ use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::peer_state::Peers;
 use crate::peers::PeerContext;
+use crate::placement::Placer;
 use crate::prepare::Preparer;
 use crate::registry::Registry;
 use crate::settings::Settings;
@@ -150,24 +152,16 @@ impl Shared {
     /// The client-facing handlers' context, the request path's stages in it.
     pub(crate) fn api_context(&self) -> Arc<ApiContext> {
         let c = &self.config;
-        let preparer = Preparer {
-            tokenizer: Arc::clone(&self.tokenizer),
-            model: c.model.clone(),
-            max_messages: c.limits.max_messages,
-            block_size: self.block_size,
-            metrics: Arc::clone(&self.metrics),
-            fleet: Arc::clone(&self.fleet),
-        };
+        let preparer = self.preparer();
         let forwarder = Forwarder {
+            placer: self.placer(),
             fleet: Arc::clone(&self.fleet),
             replicas: Arc::clone(&self.replicas),
-            admission: Arc::clone(&self.admission),
             engines: Arc::clone(&self.engines),
             metrics: Arc::clone(&self.metrics),
             limits: self.settings.request,
             block_size: self.block_size,
             replica_header: c.replica_header,
-            lora_adapters: c.model.lora_adapters.clone(),
         };
         Arc::new(ApiContext {
             model: c.model.clone(),
@@ -178,6 +172,47 @@ impl Shared {
             fleet: Arc::clone(&self.fleet),
             view: Arc::clone(&self.view),
             metrics: Arc::clone(&self.metrics),
+        })
+    }
+
+    /// A front door's placement: the fleet's decision and the admission queue.
+    pub(crate) fn placer(&self) -> Placer {
+        Placer {
+            fleet: Arc::clone(&self.fleet),
+            admission: Arc::clone(&self.admission),
+            metrics: Arc::clone(&self.metrics),
+            lora_adapters: self.config.model.lora_adapters.clone(),
+        }
+    }
+
+    /// The request path's first stage, for either front door.
+    pub(crate) fn preparer(&self) -> Preparer {
+        let c = &self.config;
+        Preparer {
+            tokenizer: Arc::clone(&self.tokenizer),
+            model: c.model.clone(),
+            max_messages: c.limits.max_messages,
+            block_size: self.block_size,
+            metrics: Arc::clone(&self.metrics),
+            fleet: Arc::clone(&self.fleet),
+        }
+    }
+
+    /// The endpoint picker's context.
+    pub(crate) fn epp_context(&self) -> Arc<EppContext> {
+        let c = &self.config;
+        Arc::new(EppContext {
+            preparer: self.preparer(),
+            placer: self.placer(),
+            fleet: Arc::clone(&self.fleet),
+            replicas: Arc::clone(&self.replicas),
+            shedding: self.shedding(),
+            metrics: Arc::clone(&self.metrics),
+            config: c.epp.clone(),
+            api_keys: c.auth.api_keys.clone(),
+            max_body_bytes: c.limits.max_body_bytes,
+            block_size: self.block_size,
+            replica_header: c.replica_header,
         })
     }
 

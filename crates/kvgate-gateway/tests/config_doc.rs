@@ -56,6 +56,7 @@ fn everything_set() -> GatewayConfig {
     c.peers.key = Some("peer-key-0123456789".into());
     c.discovery.dns = Some("vllm-engines".into());
     c.discovery.api_key = Some("engine-key".into());
+    c.epp.listen = Some("127.0.0.1:9002".parse().unwrap());
     c
 }
 
@@ -265,11 +266,20 @@ fn field_name(line: &str) -> Option<&str> {
     (end > 0 && rest.starts_with(':') && !rest.starts_with("::")).then(|| &t[..end])
 }
 
-/// `(--flag, env var)` for every long flag of `ServeArgs`, read from cli.rs.
+/// `(--flag, env var)` for every long flag of `serve` (its own `ServeArgs`
+/// and the `GatewayArgs` it shares with `epp`), read from cli.rs.
 fn serve_flags(cli: &str) -> Vec<(String, Option<String>)> {
-    let start = cli.find("struct ServeArgs {").expect("cli.rs has `struct ServeArgs {`");
+    let mut flags = struct_flags(cli, "ServeArgs");
+    flags.extend(struct_flags(cli, "GatewayArgs"));
+    flags
+}
+
+/// `(--flag, env var)` for every long flag of the args struct `name`.
+fn struct_flags(cli: &str, name: &str) -> Vec<(String, Option<String>)> {
+    let head = format!("struct {name} {{");
+    let start = cli.find(&head).unwrap_or_else(|| panic!("cli.rs has `{head}`"));
     let body = &cli[start..];
-    let body = &body[..body.find("\n}").expect("the end of ServeArgs")];
+    let body = &body[..body.find("\n}").expect("the end of the struct")];
     let mut flags = Vec::new();
     let mut attrs = String::new();
     for line in body.lines().skip(1) {
@@ -337,6 +347,15 @@ fn every_serve_flag_and_env_var_is_documented() {
                 problems.push(format!("the row of {flag} does not name `{env}`: {row}"))
             }
             _ => {}
+        }
+    }
+    // `kvgate epp`'s own flags and variables are described below the table.
+    let epp = struct_flags(&cli, "EppArgs");
+    assert_eq!(epp.len(), 2, "{epp:?}");
+    for (flag, env) in &epp {
+        let env = env.as_deref().unwrap_or_else(|| panic!("{flag} of EppArgs reads no variable"));
+        if !mentions(&doc, flag) || !mentions(&doc, env) {
+            problems.push(format!("kvgate epp's {flag} ({env}) is not documented"));
         }
     }
     assert!(

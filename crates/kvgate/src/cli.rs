@@ -32,6 +32,13 @@ pub(crate) enum Command {
     /// routes on live KV state and streams the answer back. With no replicas
     /// configured it starts simulated ones on loopback. See docs/config.md.
     Serve(Box<ServeArgs>),
+    /// The endpoint picker for a Kubernetes gateway (Gateway API Inference
+    /// Extension): an Envoy ext_proc gRPC service that tokenizes, routes on
+    /// live KV state and answers with the chosen replica's `ip:port`, while
+    /// the gateway carries the bytes. Takes `serve`'s configuration; the
+    /// OpenAI-compatible proxy, health, metrics and admin stay on their HTTP
+    /// listeners beside it. See docs/deploy.md.
+    Epp(Box<EppArgs>),
     /// Replay a trace or a generated workload through a fleet under every
     /// policy and compare TTFT, KV hit rate (against the oracle bounds), load
     /// imbalance and decision time. See docs/replay.md.
@@ -43,6 +50,33 @@ pub(crate) enum Command {
 /// `KVGATE_*` environment variable when not given.
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
+    /// Address of the OpenAI-compatible API (default 127.0.0.1:8000).
+    #[arg(long, env = "KVGATE_LISTEN")]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub(crate) gateway: GatewayArgs,
+}
+
+/// `kvgate epp`: `serve`'s settings, with `--listen` naming the gRPC
+/// listener.
+#[derive(Debug, Args)]
+pub(crate) struct EppArgs {
+    /// Address of the ext_proc gRPC listener the gateway calls (config key
+    /// `epp.listen`; default 127.0.0.1:9002).
+    #[arg(long, env = "KVGATE_EPP_LISTEN")]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+    /// Address of the HTTP API beside it: the OpenAI-compatible proxy,
+    /// `/health`, `/ready`, `/metrics` (config key `listen`; default
+    /// 127.0.0.1:8000).
+    #[arg(long, env = "KVGATE_LISTEN")]
+    pub(crate) http_listen: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub(crate) gateway: GatewayArgs,
+}
+
+/// The settings `serve` and `epp` share.
+#[derive(Debug, Args)]
+pub(crate) struct GatewayArgs {
     /// A TOML config file (see docs/config.md).
     #[arg(long, env = "KVGATE_CONFIG")]
     pub(crate) config: Option<std::path::PathBuf>,
@@ -50,9 +84,6 @@ pub(crate) struct ServeArgs {
     /// repeatable; applied after the file).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub(crate) set: Vec<String>,
-    /// Address of the OpenAI-compatible API (default 127.0.0.1:8000).
-    #[arg(long, env = "KVGATE_LISTEN")]
-    pub(crate) listen: Option<std::net::SocketAddr>,
     /// Address of the admin API (default 127.0.0.1:8001).
     #[arg(long, env = "KVGATE_ADMIN_LISTEN")]
     pub(crate) admin_listen: Option<std::net::SocketAddr>,

@@ -61,25 +61,34 @@ fn run() -> anyhow::Result<()> {
         cli::Command::Replay(args) => replay_cmd::run(&args),
         cli::Command::Serve(args) => {
             let config = serve_cmd::config(&args)?;
-            if args.print_config {
-                println!(
-                    "# secrets (auth.api_keys, auth.admin_key, peers.key, discovery.api_key, \
-                     replicas' api_key) are left out: give them by flag or KVGATE_* variable"
-                );
-                print!("{}", toml::to_string(&config.without_secrets())?);
-                return Ok(());
-            }
-            let _releaser = kvgate_alloc::Releaser::start(std::time::Duration::from_millis(
-                config.memory_release_ms,
-            ))?;
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(config.runtime_threads(cores))
-                .enable_all()
-                .build()?;
-            runtime.block_on(serve_cmd::run(config))
+            gateway(config, args.gateway.print_config)
+        }
+        cli::Command::Epp(args) => {
+            let config = serve_cmd::epp_config(&args)?;
+            gateway(config, args.gateway.print_config)
         }
     }
+}
+
+/// `serve` and `epp`: print the configuration, or run the gateway on a
+/// runtime sized by it.
+fn gateway(config: kvgate_gateway::GatewayConfig, print_config: bool) -> anyhow::Result<()> {
+    if print_config {
+        println!(
+            "# secrets (auth.api_keys, auth.admin_key, peers.key, discovery.api_key, \
+             replicas' api_key) are left out: give them by flag or KVGATE_* variable"
+        );
+        print!("{}", toml::to_string(&config.without_secrets())?);
+        return Ok(());
+    }
+    let _releaser =
+        kvgate_alloc::Releaser::start(std::time::Duration::from_millis(config.memory_release_ms))?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.runtime_threads(cores))
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve_cmd::run(config))
 }
 
 /// Re-parses the command line with `--config FILE` expanded into flags

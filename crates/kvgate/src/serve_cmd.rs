@@ -14,10 +14,34 @@ use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::ChatTokenizer;
 use tokio::net::TcpListener;
 
-use crate::cli::ServeArgs;
+use crate::cli::{EppArgs, GatewayArgs, ServeArgs};
 
-/// The effective configuration.
+/// `kvgate serve`'s effective configuration.
 pub(crate) fn config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
+    config_with(&args.gateway, |c| {
+        if let Some(a) = args.listen {
+            c.listen = a;
+        }
+    })
+}
+
+/// `kvgate epp`'s: `serve`'s, with the gRPC listener always on.
+pub(crate) fn epp_config(args: &EppArgs) -> anyhow::Result<GatewayConfig> {
+    config_with(&args.gateway, |c| {
+        if let Some(a) = args.http_listen {
+            c.listen = a;
+        }
+        c.epp.listen =
+            args.listen.or(c.epp.listen).or(Some(kvgate_gateway::config::DEFAULT_EPP_LISTEN));
+    })
+}
+
+/// The file, then `--set`, then `edit` (the command's listeners), then the
+/// shared flags; validated once.
+fn config_with(
+    args: &GatewayArgs,
+    edit: impl FnOnce(&mut GatewayConfig),
+) -> anyhow::Result<GatewayConfig> {
     let text = match &args.config {
         Some(p) => {
             std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?
@@ -27,9 +51,7 @@ pub(crate) fn config(args: &ServeArgs) -> anyhow::Result<GatewayConfig> {
     let mut c = GatewayConfig::from_toml_with_overrides(&text, &args.set).with_context(|| {
         args.config.as_ref().map_or_else(|| "--set".to_owned(), |p| p.display().to_string())
     })?;
-    if let Some(a) = args.listen {
-        c.listen = a;
-    }
+    edit(&mut c);
     if let Some(a) = args.admin_listen {
         c.admin_listen = Some(a);
     }
@@ -153,6 +175,9 @@ pub(crate) async fn run(mut config: GatewayConfig) -> anyhow::Result<()> {
     // now rather than leave it resident until traffic starts.
     if release {
         kvgate_alloc::release_free_memory(true);
+    }
+    if let Some(epp) = gateway.epp_addr() {
+        println!("kvgate endpoint picker (ext_proc gRPC) on {epp}");
     }
     println!(
         "kvgate serving on http://{} (admin: {}) with {} replicas",

@@ -1,6 +1,7 @@
 //! docs/security.md says what listens by default: `kvgate serve` with no
 //! configuration serves the API on 127.0.0.1:8000 and admin on
-//! 127.0.0.1:8001, and everything else it opens (the embedded simulated
+//! 127.0.0.1:8001 (`kvgate epp` adds its gRPC listener on 127.0.0.1:9002),
+//! and everything else it opens (the embedded simulated
 //! replicas' HTTP, KV-event and replay sockets) is on loopback too. This
 //! test reads the process's listening sockets from /proc and checks it.
 
@@ -70,31 +71,44 @@ fn is_loopback(addr: &str) -> bool {
     })
 }
 
+/// Starts `kvgate ARGS`, waits for its first line on stdout, and returns
+/// the process, that line and its listening sockets.
+fn start(args: &[&str], what: &str) -> (Kill, String, Vec<(String, u16)>) {
+    let child =
+        kvgate_cmd().args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = Kill(child);
+    let line = BufReader::new(child.0.stdout.take().unwrap()).lines().next();
+    let line = line.unwrap_or_else(|| panic!("kvgate exited before serving ({what})")).unwrap();
+    let sockets = listening(child.0.id());
+    eprintln!("listening: {sockets:?}");
+    let exposed: Vec<_> = sockets.iter().filter(|(a, _)| !is_loopback(a)).collect();
+    assert!(exposed.is_empty(), "listening beyond loopback by default: {exposed:?}");
+    (child, line, sockets)
+}
+
 #[test]
 fn serve_by_default_listens_on_loopback_only() {
-    let child = kvgate_cmd()
-        .args(["serve", "--log", "warn"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut child = Kill(child);
-    let pid = child.0.id();
-    let line = BufReader::new(child.0.stdout.take().unwrap()).lines().next();
-    let line = line.expect("kvgate serve exited before serving (ports 8000/8001 taken?)").unwrap();
+    let (child, line, sockets) = start(&["serve", "--log", "warn"], "ports 8000/8001 taken?");
     assert!(
         line.starts_with("kvgate serving on http://127.0.0.1:8000 (admin: http://127.0.0.1:8001)"),
         "{line}"
     );
-
-    let sockets = listening(pid);
-    eprintln!("listening: {sockets:?}");
     let ports: HashSet<u16> = sockets.iter().map(|(_, p)| *p).collect();
     assert!(ports.contains(&8000) && ports.contains(&8001), "{sockets:?}");
     // The embedded replicas: HTTP, events and replay for each of the 4.
     assert!(sockets.len() >= 2 + 4 * 3, "{sockets:?}");
-    let exposed: Vec<_> = sockets.iter().filter(|(a, _)| !is_loopback(a)).collect();
-    assert!(exposed.is_empty(), "listening beyond loopback by default: {exposed:?}");
+    drop(child);
+}
+
+#[test]
+fn epp_by_default_listens_on_loopback_only() {
+    // The HTTP listeners on ports of the OS's choosing, so that this test
+    // and the one above can run at once; the gRPC listener on its default.
+    let args =
+        ["epp", "--log", "warn", "--http-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"];
+    let (child, line, sockets) = start(&args, "port 9002 taken?");
+    assert_eq!(line, "kvgate endpoint picker (ext_proc gRPC) on 127.0.0.1:9002");
+    assert!(sockets.iter().any(|(_, p)| *p == 9002), "{sockets:?}");
     drop(child);
 }
 
