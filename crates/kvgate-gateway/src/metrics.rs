@@ -103,6 +103,14 @@ fn decide_histogram() -> Histogram {
     ])
 }
 
+/// The endpoint picker's pick: 50 µs to 10 s.
+fn pick_histogram() -> Histogram {
+    Histogram::new([
+        5e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
+        1.0, 2.5, 10.0,
+    ])
+}
+
 /// Durations that can go into a histogram: finite, not negative. A NaN would
 /// poison the sum for the life of the process.
 fn duration(seconds: f64) -> Option<f64> {
@@ -123,6 +131,7 @@ pub(crate) struct Metrics {
     e2e: HistogramFamily<RouteLabels>,
     tokenize: Histogram,
     decide: Histogram,
+    epp_pick: Histogram,
     prompt_tokens: Counter,
     predicted_cached_tokens: Counter,
     unmatched: Family<ReasonLabels, Counter>,
@@ -149,6 +158,7 @@ impl Metrics {
         let e2e = HistogramFamily::new_with_constructor(e2e_histogram as fn() -> Histogram);
         let tokenize = tokenize_histogram();
         let decide = decide_histogram();
+        let epp_pick = pick_histogram();
         let prompt_tokens = Counter::default();
         let predicted_cached_tokens = Counter::default();
         let unmatched = Family::<ReasonLabels, Counter>::default();
@@ -213,6 +223,13 @@ impl Metrics {
             Unit::Seconds,
             decide.clone(),
         );
+        registry.register_with_unit(
+            "epp_pick",
+            "Endpoint picker: from the ext_proc stream opening to the headers response naming \
+             the endpoint (the whole body read, prepared and placed)",
+            Unit::Seconds,
+            epp_pick.clone(),
+        );
         registry.register(
             "prompt_tokens",
             "Prompt tokens of routed requests",
@@ -255,6 +272,7 @@ impl Metrics {
             e2e,
             tokenize,
             decide,
+            epp_pick,
             prompt_tokens,
             predicted_cached_tokens,
             unmatched,
@@ -318,6 +336,13 @@ impl Metrics {
     pub(crate) fn decide_time(&self, seconds: f64) {
         if let Some(s) = duration(seconds) {
             self.decide.observe(s);
+        }
+    }
+
+    /// The endpoint picker's pick took `seconds` from the stream opening.
+    pub(crate) fn epp_pick(&self, seconds: f64) {
+        if let Some(s) = duration(seconds) {
+            self.epp_pick.observe(s);
         }
     }
 

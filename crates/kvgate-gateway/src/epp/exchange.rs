@@ -347,6 +347,7 @@ impl Exchange {
         }
         tracing::debug!(replica = %replica.name, cached_blocks = routed.cached_blocks, endpoints = %endpoints, "picked");
         let mut replies = vec![wire::routed_headers(&endpoints, &set, &remove)];
+        ctx.metrics.epp_pick(self.t0.elapsed().as_secs_f64());
         if !headers.end_of_stream {
             replies.extend(wire::request_body_chunks(&forwarded));
         }

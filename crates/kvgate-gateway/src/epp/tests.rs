@@ -707,3 +707,59 @@ async fn concurrent_streams_all_complete_and_release() {
     }
     s.wait_in_flight(0).await;
 }
+
+/// The fleet's prefix-cache hit rate, from its engines' own counters.
+async fn hit_rate(s: &Setup) -> f64 {
+    let (mut hits, mut queries) = (0.0, 0.0);
+    for i in 0..s.sims.len() {
+        hits += s.sim_metric(i, "vllm:prefix_cache_hits_total").await;
+        queries += s.sim_metric(i, "vllm:prefix_cache_queries_total").await;
+    }
+    assert!(queries > 0.0, "no prefix-cache queries");
+    hits / queries
+}
+
+/// Growing conversations: session `k`'s turn `t` carries every earlier turn.
+fn conversation(k: usize, t: usize) -> Json {
+    let system =
+        format!("You are assistant number {k}. {}", "Answer with care and detail. ".repeat(60));
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    for turn in 0..=t {
+        messages.push(json!({"role": "user", "content": format!("Session {k}, question {turn}: {}", "why? ".repeat(40))}));
+        if turn < t {
+            messages.push(
+                json!({"role": "assistant", "content": format!("Answer {turn} of session {k}.")}),
+            );
+        }
+    }
+    json!({"model": MODEL, "messages": messages, "max_tokens": 2, "stream": true})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_front_doors_decide_alike_on_the_same_workload() {
+    let proxy = Setup::new(3, |_| {}).await;
+    let picker = Setup::new(3, |_| {}).await;
+    let http = reqwest::Client::builder().no_proxy().build().expect("client");
+    let url = format!("http://{}/v1/chat/completions", proxy.gw.local_addr());
+    for t in 0..4 {
+        for k in 0..6 {
+            let body = conversation(k, t);
+            let r = http.post(&url).json(&body).send().await.expect("proxy");
+            assert_eq!(r.status(), 200);
+            let out = r.bytes().await.expect("body");
+            assert!(sse_done(&out));
+            let (_, status, _, out) =
+                picker.envoy.exchange(&Send::new("/v1/chat/completions", &body), None).await;
+            assert_eq!(status, 200);
+            assert!(sse_done(&out));
+        }
+    }
+    // Let the last events and metrics land.
+    proxy.wait_in_flight(0).await;
+    picker.wait_in_flight(0).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (a, b) = (hit_rate(&proxy).await, hit_rate(&picker).await);
+    eprintln!("hit rate: proxy {a:.3}, endpoint picker {b:.3}");
+    assert!(a > 0.5, "the workload should reuse its prefixes: {a}");
+    assert!((a - b).abs() <= 0.01, "proxy {a:.3} vs endpoint picker {b:.3}");
+}

@@ -40,6 +40,17 @@ pub async fn start_sims(n: usize, num_gpu_blocks: u32, speedup: f64) -> Vec<Repl
     out
 }
 
+/// CPU seconds of every thread of `pid`, from `schedstat` (nanoseconds).
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()))
+        .sum::<f64>()
+        / 1e9
+}
+
 /// Two distinct free ports (both listeners held until both are chosen).
 pub fn free_ports() -> (u16, u16) {
     let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -50,6 +61,18 @@ pub fn free_ports() -> (u16, u16) {
 /// The release `kvgate serve` next to this example's binary, in front of
 /// `sims`; `KVGATE_BENCH_SET="k=v k=v"` adds `--set` overrides.
 pub fn spawn_gateway(sims: &[Replica], port: u16, admin: u16) -> Child {
+    spawn_kvgate(sims, &["serve", "--listen", &format!("127.0.0.1:{port}")], admin)
+}
+
+/// The release `kvgate epp`: gRPC on `grpc`, HTTP (health, metrics) on
+/// `http`, in front of `sims`.
+pub fn spawn_epp(sims: &[Replica], grpc: u16, http: u16, admin: u16) -> Child {
+    let (grpc, http) = (format!("127.0.0.1:{grpc}"), format!("127.0.0.1:{http}"));
+    spawn_kvgate(sims, &["epp", "--listen", &grpc, "--http-listen", &http], admin)
+}
+
+/// `kvgate ARGS` with admin on `admin` and every sim as a replica.
+fn spawn_kvgate(sims: &[Replica], args: &[&str], admin: u16) -> Child {
     // KVGATE_BENCH_BIN: another build of the gateway (A/B comparisons).
     let bin =
         std::env::var_os("KVGATE_BENCH_BIN").map(std::path::PathBuf::from).unwrap_or_else(|| {
@@ -57,9 +80,7 @@ pub fn spawn_gateway(sims: &[Replica], port: u16, admin: u16) -> Child {
             exe.parent().and_then(|p| p.parent()).unwrap().join("kvgate")
         });
     let mut cmd = Command::new(bin);
-    cmd.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .args(["--log", "warn"]);
+    cmd.args(args).args(["--admin-listen", &format!("127.0.0.1:{admin}")]).args(["--log", "warn"]);
     // KVGATE_BENCH_GATEWAY_ENV="K=V ...": environment for the gateway only.
     if let Ok(env) = std::env::var("KVGATE_BENCH_GATEWAY_ENV") {
         for kv in env.split_whitespace() {

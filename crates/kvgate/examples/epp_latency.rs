@@ -1,0 +1,277 @@
+//! What the endpoint picker adds to a request, measured as a gateway sees
+//! it: this bench plays Envoy's side of ext_proc against the release
+//! `kvgate epp` in its own process, in front of simulated replicas.
+//!
+//! 1. `chat4k`: distinct ~4k-token chats, one at a time: the time from
+//!    opening the stream (headers and body sent) to the headers response
+//!    (the pick), and the picker's whole-process CPU per request; then the
+//!    same kind of requests through `kvgate serve` (non-streamed, one output
+//!    token), for the proxy's CPU per request side by side.
+//! 2. `long`: a 220 KB text prompt on `/v1/completions` from 150 streams
+//!    at once, closed loop (the Gateway API Inference Extension's
+//!    reference picker adds 1.1 s at this point, GIE #2928): the pick's
+//!    p50/p99 and the picks per second.
+//!
+//! Each stream is closed once the body has come back, so its booking is
+//! released at once (the engines are not asked: the pick is what is
+//! measured).
+//!
+//! ```text
+//! cargo build --release -p kvgate && cargo run --release -p kvgate --example epp_latency [-- N]
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Reply;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    body_mutation, HttpBody, HttpHeaders, ProcessingRequest,
+};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+use kvgate_alloc as _;
+
+mod bench_support;
+use bench_support::{
+    cpu_seconds, free_ports, spawn_epp, spawn_gateway, start_sims, wait_ready, MODEL,
+};
+
+/// Envoy's body chunks are at most this large on the wire.
+const CHUNK: usize = 64 << 10;
+
+fn headers(path: &str) -> HttpHeaders {
+    let h = [(":method", "POST"), (":path", path), ("content-type", "application/json")];
+    let headers = h
+        .iter()
+        .map(|(k, v)| HeaderValue {
+            key: (*k).to_owned(),
+            value: String::new(),
+            raw_value: v.as_bytes().to_vec(),
+        })
+        .collect();
+    HttpHeaders { headers: Some(HeaderMap { headers }), ..HttpHeaders::default() }
+}
+
+/// One pick: the time from sending the headers to the headers response.
+async fn pick(client: &ExternalProcessorClient<Channel>, path: &str, body: &[u8]) -> Duration {
+    let (tx, rx) = mpsc::channel::<ProcessingRequest>(64);
+    let out =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut client = client.clone();
+    let t0 = Instant::now();
+    let msg = |m| ProcessingRequest { request: Some(m), ..ProcessingRequest::default() };
+    tx.send(msg(Msg::RequestHeaders(headers(path)))).await.unwrap();
+    let chunks: Vec<&[u8]> = body.chunks(CHUNK).collect();
+    for (i, c) in chunks.iter().enumerate() {
+        let b = HttpBody {
+            body: c.to_vec(),
+            end_of_stream: i + 1 == chunks.len(),
+            ..HttpBody::default()
+        };
+        tx.send(msg(Msg::RequestBody(b))).await.unwrap();
+    }
+    let mut inbound = client.process(out).await.unwrap().into_inner();
+    let first = inbound.message().await.unwrap().and_then(|r| r.response);
+    let dt = t0.elapsed();
+    match first {
+        Some(Reply::RequestHeaders(_)) => {}
+        other => panic!("the picker refused: {other:?}"),
+    }
+    // The body comes back; then the gateway would forward it.
+    loop {
+        let r = inbound.message().await.unwrap().and_then(|r| r.response);
+        let Some(Reply::RequestBody(b)) = r else { panic!("expected the body") };
+        let m = b.response.and_then(|c| c.body_mutation).and_then(|m| m.mutation);
+        let Some(body_mutation::Mutation::StreamedResponse(s)) = m else { panic!("not streamed") };
+        if s.end_of_stream {
+            break;
+        }
+    }
+    drop(tx);
+    dt
+}
+
+/// A distinct ~4k-token conversation (as `serve_overhead` sends).
+fn long_chat(i: usize) -> serde_json::Value {
+    let words = ["alpha", "kernel", "cache", "route", "token", "stream", "replica", "prefix"];
+    let mut text = String::new();
+    let mut x = i as u64 * 2654435761 + 1;
+    while text.len() < 24_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        text.push_str(words[(x % 8) as usize]);
+        text.push_str(if x.is_multiple_of(11) { ".\n" } else { " " });
+    }
+    json!({"model": MODEL, "max_tokens": 1, "messages": [
+        {"role": "system", "content": format!("Session {i}. You are a careful assistant.")},
+        {"role": "user", "content": text},
+    ]})
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// The picker's own measures: tokenize and decide seconds, pick seconds,
+/// picks, and picks under 200 µs (its `kvgate_epp_pick_seconds` bucket).
+async fn own_sums(http: &reqwest::Client, base: &str) -> [f64; 5] {
+    let text = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let sum = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    [
+        sum("kvgate_tokenize_seconds_sum "),
+        sum("kvgate_decide_seconds_sum "),
+        sum("kvgate_epp_pick_seconds_sum "),
+        sum("kvgate_epp_pick_seconds_count "),
+        sum("kvgate_epp_pick_seconds_bucket{le=\"0.0002\"} "),
+    ]
+}
+
+/// CPU of `pid` per second while nothing is asked of it.
+async fn idle_rate(pid: u32) -> f64 {
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    (cpu_seconds(pid) - c0) / t0.elapsed().as_secs_f64()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(200);
+    // The 220 KB prompt is ~50k tokens: allow it.
+    std::env::set_var(
+        "KVGATE_BENCH_SET",
+        "model.max_model_len=131072 limits.max_concurrent_requests=1024",
+    );
+    let sims = start_sims(4, 65_536, 1000.0).await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+
+    // 1. chat4k through the picker.
+    let (grpc, web) = free_ports();
+    let (admin, _) = free_ports();
+    let mut epp = spawn_epp(&sims, grpc, web, admin);
+    wait_ready(&http, &format!("http://127.0.0.1:{web}")).await;
+    // The picker's /metrics is behind no key here (loopback, no keys).
+    let client =
+        ExternalProcessorClient::connect(format!("http://127.0.0.1:{grpc}")).await.unwrap();
+    let pid = epp.id();
+    for i in 0..5 {
+        pick(
+            &client,
+            "/v1/chat/completions",
+            &serde_json::to_vec(&long_chat(1_000_000 + i)).unwrap(),
+        )
+        .await;
+    }
+    let idle = idle_rate(pid).await;
+    let bodies: Vec<Vec<u8>> = (0..n).map(|i| serde_json::to_vec(&long_chat(i)).unwrap()).collect();
+    let web_base = format!("http://127.0.0.1:{web}");
+    let sums0 = own_sums(&http, &web_base).await;
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    let mut lat = Vec::new();
+    for b in &bodies {
+        lat.push(pick(&client, "/v1/chat/completions", b).await.as_secs_f64() * 1e3);
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let epp_cpu = ((cpu_seconds(pid) - c0) - idle * wall) / n as f64 * 1e3;
+    let sums1 = own_sums(&http, &web_base).await;
+    let d: Vec<f64> = sums1.iter().zip(&sums0).map(|(a, b)| a - b).collect();
+    println!(
+        "(the picker's own measures: stream open → headers response mean {:.3} ms, {:.0} % under 200 µs; tokenize {:.3} ms, decide {:.3} ms per request)",
+        d[2] / d[3] * 1e3,
+        d[4] / d[3] * 100.0,
+        d[0] / n as f64 * 1e3,
+        d[1] / n as f64 * 1e3
+    );
+    println!(
+        "chat4k through the picker ({n} distinct ~4k-token chats, one at a time): pick p50 {:.3} ms, p90 {:.3} ms, p99 {:.3} ms; picker CPU {epp_cpu:.3} ms/request",
+        pct(&mut lat, 0.5),
+        pct(&mut lat, 0.9),
+        pct(&mut lat, 0.99)
+    );
+
+    // 2. 220 KB prompts from 150 streams at once.
+    let prompt = "The history of the river valley is long and full of small events. ".repeat(3_300);
+    let body = Arc::new(
+        serde_json::to_vec(
+            &json!({"model": MODEL, "prompt": prompt, "max_tokens": 1, "stream": true}),
+        )
+        .unwrap(),
+    );
+    println!("long: body {} bytes", body.len());
+    pick(&client, "/v1/completions", &body).await;
+    let total = (n * 5).max(750);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    let mut tasks = Vec::new();
+    for _ in 0..150 {
+        let (client, body, next) = (client.clone(), Arc::clone(&body), Arc::clone(&next));
+        tasks.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
+                out.push(pick(&client, "/v1/completions", &body).await.as_secs_f64() * 1e3);
+            }
+            out
+        }));
+    }
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.unwrap());
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = ((cpu_seconds(pid) - c0) - idle * wall) / total as f64 * 1e3;
+    println!(
+        "long through the picker (220 KB prompt, 150 streams, {total} picks): pick p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; {:.0} picks/s; picker CPU {cpu:.3} ms/pick",
+        pct(&mut lat, 0.5),
+        pct(&mut lat, 0.99),
+        pct(&mut lat, 1.0),
+        total as f64 / wall
+    );
+    let _ = epp.kill();
+    let _ = epp.wait();
+
+    // 3. The same kind of chats through the proxy.
+    let (port, admin) = free_ports();
+    let mut gw = spawn_gateway(&sims, port, admin);
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ready(&http, &base).await;
+    let url = format!("{base}/v1/chat/completions");
+    for i in 0..5 {
+        http.post(&url)
+            .json(&long_chat(2_000_000 + i))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+    }
+    let pid = gw.id();
+    let idle = idle_rate(pid).await;
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    for i in 0..n {
+        let r = http.post(&url).json(&long_chat(n + i)).send().await.unwrap();
+        assert!(r.status().is_success());
+        r.bytes().await.unwrap();
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let proxy_cpu = ((cpu_seconds(pid) - c0) - idle * wall) / n as f64 * 1e3;
+    println!(
+        "chat4k through the proxy (non-streamed, 1 output token): gateway CPU {proxy_cpu:.3} ms/request; picker ÷ proxy {:.2}",
+        epp_cpu / proxy_cpu
+    );
+    let _ = gw.kill();
+    let _ = gw.wait();
+}
