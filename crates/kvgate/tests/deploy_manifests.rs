@@ -174,24 +174,30 @@ fn discovery_int(d: &toml::Table, key: &str) -> i64 {
     d.get(key).and_then(toml::Value::as_integer).unwrap_or_else(|| panic!("discovery.{key}"))
 }
 
-/// `kvgate serve --help`, run once, with no KVGATE_* variables around.
+/// `kvgate COMMAND --help`, with no KVGATE_* variables around.
+fn help_of(command: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args([command, "--help"])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `kvgate serve --help`, run once.
 fn serve_help() -> &'static str {
     static HELP: OnceLock<String> = OnceLock::new();
-    HELP.get_or_init(|| {
-        let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
-            .args(["serve", "--help"])
-            .env_clear()
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        String::from_utf8(out.stdout).unwrap()
-    })
+    HELP.get_or_init(|| help_of("serve"))
 }
 
 /// The long flags clap lists as options (lines `  -h, --help` / `      --config <C>`).
 fn help_flags() -> BTreeSet<String> {
-    serve_help()
-        .lines()
+    flags_in(serve_help())
+}
+
+fn flags_in(help: &str) -> BTreeSet<String> {
+    help.lines()
         .filter_map(|l| {
             let t = l.trim_start();
             let t = if t.starts_with("--") { t } else { t.strip_prefix("-")?.split_once(", ")?.1 };
@@ -706,8 +712,17 @@ fn docs_deploy_md_names_only_real_flags() {
         "--test",
     ]
     .into();
-    let flags = help_flags();
-    let envs = help_env();
+    // The endpoint picker's section names `kvgate epp`'s own flags.
+    let epp_help = help_of("epp");
+    let mut flags = help_flags();
+    flags.extend(flags_in(&epp_help));
+    let mut envs = help_env();
+    envs.extend(
+        epp_help
+            .split("[env: ")
+            .skip(1)
+            .map(|r| r.chars().take_while(|c| *c != '=' && *c != ']').collect::<String>()),
+    );
     let mut unknown = BTreeSet::new();
     let bytes = text.as_bytes();
     for (i, _) in text.match_indices("--") {
@@ -734,5 +749,8 @@ fn docs_deploy_md_names_only_real_flags() {
             unknown.insert(name);
         }
     }
-    assert!(unknown.is_empty(), "docs/deploy.md names what `kvgate serve` lacks: {unknown:?}");
+    assert!(
+        unknown.is_empty(),
+        "docs/deploy.md names what `kvgate serve` and `kvgate epp` lack: {unknown:?}"
+    );
 }
