@@ -251,9 +251,11 @@ pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Rejec
 /// Completions: text prompts are tokenized as vLLM does (special tokens per
 /// `add_special_tokens`); token prompts are taken as they are.
 pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared, Reject> {
-    let req = CompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
+    let mut req = CompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
+    // Its own copy: the identity outlives the changes to `req` below.
+    let model = req.model().map(str::to_owned);
     let identity =
-        CacheIdentity { lora: check_model(prep, req.model())?, salt: cache_salt(&req.extra)? };
+        CacheIdentity { lora: check_model(prep, model.as_deref())?, salt: cache_salt(&req.extra)? };
     check_output_limit(&req.extra)?;
     let max_out = max_output(req.max_output_tokens());
     if req.extra.get("prompt_embeds").is_some_and(|v| !v.is_null()) {
@@ -274,9 +276,11 @@ pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared
         ));
     }
     let add_special = req.add_special_tokens();
+    // Taken, not copied (a long prompt is hundreds of kilobytes); the token
+    // ids take its place below.
     let prompt = req
         .prompt
-        .clone()
+        .take()
         .ok_or_else(|| Box::new(invalid("`prompt` is required").with_param("prompt")))?;
     let encode = |text: String| async move {
         let t = Instant::now();
@@ -289,7 +293,7 @@ pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared
         r.map_err(|e| bad(e.to_string()))
     };
     // Batches route by their first prompt; all are forwarded as tokens.
-    let (tokens, batch): (Vec<u32>, Option<Vec<Vec<u32>>>) = match prompt {
+    let (mut tokens, batch): (Vec<u32>, Option<Vec<Vec<u32>>>) = match prompt {
         Prompt::Text(t) => (encode(t).await?, None),
         Prompt::Tokens(ids) => (ids, None),
         Prompt::Texts(texts) => {
@@ -307,12 +311,16 @@ pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared
     for t in batch.iter().flatten().chain(std::iter::once(&tokens)) {
         check_length(prep, t.len(), max_out)?;
     }
-    let mut r = req.clone();
-    match batch {
-        Some(b) => r.prompt = Some(Prompt::TokenBatches(b)),
-        None => r.set_prompt_token_ids(tokens.clone()),
+    // The ids lent to the request for its serialisation, then taken back.
+    req.prompt = Some(match batch {
+        Some(b) => Prompt::TokenBatches(b),
+        None => Prompt::Tokens(std::mem::take(&mut tokens)),
+    });
+    let written = req.to_vec().map_err(|e| bad(e.to_string()))?;
+    if let Some(Prompt::Tokens(ids)) = req.prompt.take() {
+        tokens = ids;
     }
-    let with_tokens = Some(Bytes::from(r.to_vec().map_err(|e| bad(e.to_string()))?));
+    let with_tokens = Some(Bytes::from(written));
     Ok(finish(
         prep,
         Route::Completions,

@@ -183,9 +183,27 @@ impl CompletionRequest {
         Ok(serde_json::from_slice(body)?)
     }
 
-    /// The body to forward.
+    /// The body to forward, in a buffer sized for it up front: a long token
+    /// prompt would otherwise grow the buffer a dozen times, each growth a
+    /// copy of everything written so far (a fifth of the endpoint picker's
+    /// CPU on 50k-token prompts).
     pub fn to_vec(&self) -> Result<Vec<u8>, Error> {
-        Ok(serde_json::to_vec(self)?)
+        let mut out = Vec::with_capacity(self.size_hint());
+        serde_json::to_writer(&mut out, self)?;
+        Ok(out)
+    }
+
+    /// About how long the serialised request is: the prompt (a token id is
+    /// at most 6 digits and a comma) plus room for the other fields.
+    fn size_hint(&self) -> usize {
+        let prompt = match &self.prompt {
+            None => 0,
+            Some(Prompt::Text(t)) => t.len() + 2,
+            Some(Prompt::Texts(v)) => v.iter().map(|t| t.len() + 3).sum(),
+            Some(Prompt::Tokens(ids)) => ids.len() * 7,
+            Some(Prompt::TokenBatches(b)) => b.iter().map(|ids| ids.len() * 7 + 2).sum(),
+        };
+        prompt + 512
     }
 
     /// The `model` field, if given.
