@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
+use crate::tls_config::TlsConfig;
 
 /// Peer ingresses: each instance sends its ledger changes (book, first
 /// token, finish) to every peer and applies theirs, so that several
@@ -67,6 +68,9 @@ pub struct DiscoveryConfig {
     pub interval_ms: u64,
     /// A drained engine is removed after this long (or when idle), ms.
     pub drain_ms: u64,
+    /// `http` or `https` (then `tls.ca` is required): how the engines found
+    /// are spoken to.
+    pub scheme: String,
 }
 
 impl Default for DiscoveryConfig {
@@ -81,6 +85,7 @@ impl Default for DiscoveryConfig {
             api_key: None,
             interval_ms: 5_000,
             drain_ms: 30_000,
+            scheme: "http".to_owned(),
         }
     }
 }
@@ -106,7 +111,7 @@ impl PeersConfig {
         !self.urls.is_empty() || self.dns.is_some() || self.listen.is_some()
     }
 
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self, tls: &TlsConfig) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if !self.enabled() {
             return Ok(());
@@ -125,12 +130,7 @@ impl PeersConfig {
         for u in &self.urls {
             let url = reqwest::Url::parse(u)
                 .map_err(|e| ConfigError::Invalid(format!("peer url {u:?}: {e}")))?;
-            if url.scheme() != "http" {
-                return bad(format!(
-                    "peer url {u:?}: expected http:// (peers talk plain HTTP, authenticated \
-                     by the peer key, on a private network; TLS is not built in)"
-                ));
-            }
+            tls.check_scheme("peer url", &url)?;
         }
         if let Some(d) = &self.dns {
             if d.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).is_none() {
@@ -150,8 +150,16 @@ impl PeersConfig {
 }
 
 impl DiscoveryConfig {
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self, tls: &TlsConfig) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        let example = format!("{}://engine", self.scheme);
+        let url = reqwest::Url::parse(&example).map_err(|_| {
+            ConfigError::Invalid(format!(
+                "discovery.scheme {:?}: expected http or https",
+                self.scheme
+            ))
+        })?;
+        tls.check_scheme("discovery.scheme", &url)?;
         if self.dns.is_none() {
             return Ok(());
         }

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::cluster_config::{DiscoveryConfig, PeersConfig};
 pub use crate::epp_config::{EppConfig, DEFAULT_EPP_LISTEN};
 use crate::error::ConfigError;
+pub use crate::tls_config::TlsConfig;
 
 /// How a replica receives the prompt tokens kvgate computed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -485,6 +486,8 @@ pub struct GatewayConfig {
     pub discovery: DiscoveryConfig,
     /// The endpoint picker front door (`kvgate epp`).
     pub epp: EppConfig,
+    /// TLS on the listeners, and to https:// engines and peers.
+    pub tls: TlsConfig,
 }
 
 impl Default for GatewayConfig {
@@ -507,6 +510,7 @@ impl Default for GatewayConfig {
             peers: PeersConfig::default(),
             discovery: DiscoveryConfig::default(),
             epp: EppConfig::default(),
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -628,13 +632,7 @@ impl GatewayConfig {
         for r in &self.replicas {
             let url = reqwest::Url::parse(&r.url)
                 .map_err(|e| ConfigError::Invalid(format!("replica url {:?}: {e}", r.url)))?;
-            if url.scheme() != "http" {
-                return bad(format!(
-                    "replica url {:?}: expected http:// (kvgate talks plain HTTP to engines \
-                     on a private network; TLS to engines is not built in)",
-                    r.url
-                ));
-            }
+            self.tls.check_scheme("replica url", &url)?;
             // One URL may be listed once per data-parallel rank.
             if !seen.insert((r.url.trim_end_matches('/').to_owned(), r.dp_rank)) {
                 return bad(format!("replica {:?} is listed twice", r.url));
@@ -682,9 +680,10 @@ impl GatewayConfig {
                 ));
             }
         }
-        self.peers.validate()?;
-        self.discovery.validate()?;
-        self.epp.validate(self.auth.allow_unauthenticated)?;
+        self.tls.validate()?;
+        self.peers.validate(&self.tls)?;
+        self.discovery.validate(&self.tls)?;
+        self.epp.validate(self.auth.allow_unauthenticated, &self.tls)?;
         let s = &self.embedded_sims;
         if self.replicas.is_empty() && !(1..=64).contains(&s.replicas) {
             return bad("embedded_sims.replicas must be in 1..=64".into());

@@ -57,7 +57,7 @@ fn authority(ip: IpAddr, port: u16) -> String {
 }
 
 fn replica_config(d: &DiscoveryConfig, ip: IpAddr) -> ReplicaConfig {
-    let mut r = ReplicaConfig::new(format!("http://{}", authority(ip, d.http_port)));
+    let mut r = ReplicaConfig::new(format!("{}://{}", d.scheme, authority(ip, d.http_port)));
     r.name = Some(authority(ip, d.http_port));
     r.events = Some(format!("tcp://{}", authority(ip, d.events_port)));
     r.replay = (d.replay_port > 0).then(|| format!("tcp://{}", authority(ip, d.replay_port)));

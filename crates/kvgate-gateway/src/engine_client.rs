@@ -85,11 +85,29 @@ impl HttpEngines {
 }
 
 fn send_error(e: reqwest::Error) -> SendError {
+    let text = with_causes(&e);
     if e.is_connect() {
-        SendError::Unreachable(e.to_string())
+        SendError::Unreachable(text)
     } else {
-        SendError::Failed(e.to_string())
+        SendError::Failed(text)
     }
+}
+
+/// `e` and each of its causes, `: `-separated: reqwest's own message says
+/// only that sending failed, the reason (refused, a TLS certificate that
+/// expired or chains to no trusted CA...) is in its sources.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
 }
 
 impl EngineClient for HttpEngines {

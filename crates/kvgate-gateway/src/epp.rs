@@ -88,35 +88,91 @@ impl ExternalProcessor for Picker {
 }
 
 /// Serves the ext_proc service and the gRPC health service on `listener`
-/// until `stop` is set. Health answers `SERVING` for the service, for
-/// `liveness` and, once the fleet is ready (the same rule as `/ready`), for
-/// `readiness` and the ext_proc service name.
+/// (with `tls`, over TLS, each handshake bounded by [`HANDSHAKE`]) until
+/// `stop` is set. Health answers `SERVING` for `liveness` once the process
+/// serves, and for `readiness` and the ext_proc service name once the fleet
+/// is ready (the same rule as `/ready`).
 pub(crate) fn serve(
     listener: TcpListener,
     ctx: Arc<EppContext>,
+    tls: Option<Arc<rustls::ServerConfig>>,
     mut stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
     let fleet = Arc::clone(&ctx.fleet);
     let closing = ctx.shedding.closing.clone();
     tokio::spawn(health_loop(reporter, fleet, closing, stop.clone()));
+    let router = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(ExternalProcessorServer::new(Picker(ctx)));
     tokio::spawn(async move {
-        // No Nagle delay: a pick is one small message each way, and waiting
-        // for the peer's delayed ACK would add 40 ms to it.
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let stopped = stop.clone();
         let shutdown = async move {
             let _ = stop.wait_for(|v| *v).await;
         };
-        let served = tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(ExternalProcessorServer::new(Picker(ctx)))
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await;
+        let served = match tls {
+            // No Nagle delay: a pick is one small message each way, and
+            // waiting for the peer's delayed ACK would add 40 ms to it.
+            None => {
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                router.serve_with_incoming_shutdown(incoming, shutdown).await
+            }
+            Some(config) => {
+                let incoming = tls_incoming(listener, config, stopped);
+                router.serve_with_incoming_shutdown(incoming, shutdown).await
+            }
+        };
         if let Err(e) = served {
             tracing::error!(error = %e, "the endpoint picker's gRPC server stopped");
         }
     })
+}
+
+/// Longest TLS handshake a gateway connection gets.
+const HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(10);
+
+type TlsConn = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// The connections of `listener` after their TLS handshakes (each on a task
+/// of its own, so a slow one holds up no other); failed handshakes are
+/// logged and dropped.
+fn tls_incoming(
+    listener: TcpListener,
+    config: Arc<rustls::ServerConfig>,
+    mut stop: watch::Receiver<bool>,
+) -> BoxStream<'static, Result<TlsConn, std::io::Error>> {
+    let (tx, rx) = mpsc::channel::<TlsConn>(64);
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                _ = async { let _ = stop.wait_for(|v| *v).await; } => return,
+            };
+            let _ = tcp.set_nodelay(true);
+            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
+                    Ok(Ok(conn)) => {
+                        let _ = tx.send(conn).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    Box::pin(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|c| (Ok(c), rx))
+    }))
 }
 
 /// The ext_proc service's name, as gRPC health checks ask for it.

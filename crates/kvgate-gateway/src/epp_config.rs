@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
+use crate::tls_config::TlsConfig;
 
 /// The Gateway API Inference Extension's endpoint picker: an Envoy
 /// external-processing (ext_proc) gRPC service that picks the replica for
@@ -14,8 +15,8 @@ use crate::error::ConfigError;
 #[serde(default, deny_unknown_fields)]
 pub struct EppConfig {
     /// The ext_proc gRPC listener; unset: no endpoint picker (`kvgate epp`
-    /// sets it, default `127.0.0.1:9002`). Off loopback it needs
-    /// `auth.allow_unauthenticated` (gRPC TLS is not built yet).
+    /// sets it, default `127.0.0.1:9002`). Off loopback it needs mutual TLS
+    /// (`tls.client_ca`) or `auth.allow_unauthenticated`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
     /// Endpoints listed after the chosen one in
@@ -43,13 +44,20 @@ pub const DEFAULT_EPP_LISTEN: SocketAddr =
 const MAX_FALLBACKS: usize = 16;
 
 impl EppConfig {
-    pub(crate) fn validate(&self, allow_unauthenticated: bool) -> Result<(), ConfigError> {
+    pub(crate) fn validate(
+        &self,
+        allow_unauthenticated: bool,
+        tls: &TlsConfig,
+    ) -> Result<(), ConfigError> {
         if let Some(a) = self.listen {
-            if !a.ip().is_loopback() && !allow_unauthenticated {
+            // Who may ask for picks: the gateway, proven by its client
+            // certificate (mutual TLS), or anyone on a trusted network.
+            let mutual_tls = tls.client_ca.is_some();
+            if !a.ip().is_loopback() && !allow_unauthenticated && !mutual_tls {
                 return Err(ConfigError::Invalid(format!(
-                    "epp.listen {a} is not loopback: the endpoint picker has no TLS or keys of \
-                     its own yet, so pass --allow-unauthenticated (auth.allow_unauthenticated) \
-                     to serve it on a network you trust"
+                    "epp.listen {a} is not loopback: require the gateway's client certificate \
+                     (tls.cert, tls.key and tls.client_ca), or pass --allow-unauthenticated \
+                     (auth.allow_unauthenticated) to serve it on a network you trust"
                 )));
             }
         }

@@ -41,4 +41,8 @@ pub enum StartError {
     /// The HTTP client could not be built.
     #[error("http client: {0}")]
     Client(String),
+    /// A TLS certificate, key or CA bundle is missing, unreadable, weak or
+    /// inconsistent.
+    #[error("tls: {0}")]
+    Tls(String),
 }

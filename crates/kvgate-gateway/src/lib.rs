@@ -82,6 +82,8 @@ mod snapshot;
 mod state;
 mod supervise;
 mod throttle;
+mod tls;
+mod tls_config;
 mod ttft_ring;
 mod upkeep;
 

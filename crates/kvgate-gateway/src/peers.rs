@@ -56,6 +56,9 @@ pub(crate) const CHANGES_PATH: &str = "/peer/v1/changes";
 #[derive(Debug)]
 pub(crate) struct PeerContext {
     pub(crate) config: PeersConfig,
+    /// `http` or `https`: how peers found by DNS are reached (as this
+    /// instance serves, `tls.cert`).
+    pub(crate) scheme: &'static str,
     pub(crate) peers: Arc<Peers>,
     pub(crate) fleet: Arc<FleetHandle>,
     pub(crate) replicas: Arc<Directory>,
@@ -311,7 +314,7 @@ async fn resolve(ctx: &Arc<PeerContext>, dns: &str) {
             return;
         }
     };
-    let wanted: HashSet<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    let wanted: HashSet<String> = addrs.iter().map(|a| format!("{}://{a}", ctx.scheme)).collect();
     let statics: HashSet<&str> = ctx.config.urls.iter().map(|u| u.trim_end_matches('/')).collect();
     let current: Vec<String> = lock(&ctx.peers.targets).keys().cloned().collect();
     for url in current {

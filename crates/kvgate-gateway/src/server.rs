@@ -34,6 +34,7 @@ use crate::response::error_response;
 use crate::route::Route;
 use crate::state::Shared;
 use crate::throttle::{ClientAddr, KeyKind, KeyVerdict};
+use crate::tls::{ServerTls, ALPN_H2, ALPN_HTTP1};
 use crate::{admin, api};
 
 /// A running gateway.
@@ -159,11 +160,13 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
 }
 
 /// Accepts connections until `stop` is set; each connection then finishes
-/// its in-flight request and closes.
+/// its in-flight request and closes. With `tls`, each connection's TLS
+/// handshake comes first, bounded by the header-read timeout.
 fn serve(
     listener: TcpListener,
     app: Router,
     shared: &Shared,
+    tls: Option<Arc<rustls::ServerConfig>>,
     stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let limits = &shared.config.limits;
@@ -172,6 +175,7 @@ fn serve(
     let max_buf = limits.max_header_bytes.max(8192);
     let connections = Arc::clone(&shared.connections);
     let (open, refused) = shared.metrics.connection_metrics();
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     tokio::spawn(async move {
         let mut stop_accept = stop.clone();
         loop {
@@ -202,29 +206,61 @@ fn serve(
                     r
                 },
             ));
-            let mut stop_conn = stop.clone();
+            let stop_conn = stop.clone();
             let open = open.clone();
+            let acceptor = acceptor.clone();
             open.inc();
             tokio::spawn(async move {
                 let _permit = permit;
-                let mut builder = hyper::server::conn::http1::Builder::new();
-                builder
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(header_timeout)
-                    .max_buf_size(max_buf);
-                let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                tokio::pin!(conn);
-                tokio::select! {
-                    _ = conn.as_mut() => {}
-                    _ = async { let _ = stop_conn.wait_for(|v| *v).await; } => {
-                        conn.as_mut().graceful_shutdown();
-                        let _ = conn.await;
-                    }
+                let conn = Conn { header_timeout, max_buf, stop: stop_conn };
+                match acceptor {
+                    None => conn.serve(stream, svc).await,
+                    Some(a) => match tokio::time::timeout(header_timeout, a.accept(stream)).await {
+                        Ok(Ok(tls)) => conn.serve(tls, svc).await,
+                        Ok(Err(e)) => tracing::debug!(%client, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%client, "TLS handshake timed out"),
+                    },
                 }
                 open.dec();
             });
         }
     })
+}
+
+/// One accepted connection's HTTP/1 settings and the shutdown signal.
+struct Conn {
+    header_timeout: Duration,
+    max_buf: usize,
+    stop: watch::Receiver<bool>,
+}
+
+impl Conn {
+    /// Serves `io` until the client closes it, or until shutdown lets its
+    /// in-flight request finish.
+    async fn serve<I, S>(mut self, io: I, svc: S)
+    where
+        I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        S: hyper::service::HttpService<hyper::body::Incoming> + Send,
+        S::Future: Send + 'static,
+        S::ResBody: Send + 'static,
+        <S::ResBody as hyper::body::Body>::Data: Send,
+        <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.header_timeout)
+            .max_buf_size(self.max_buf);
+        let conn = builder.serve_connection(TokioIo::new(io), svc);
+        tokio::pin!(conn);
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = async { let _ = self.stop.wait_for(|v| *v).await; } => {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
+    }
 }
 
 impl Gateway {
@@ -256,12 +292,23 @@ impl Gateway {
         });
         let tokenizer = TokenizeService::new(Tokenize::new(tokenizer, cache), threads)
             .map_err(|e| StartError::Tokenizer(e.to_string()))?;
-        let client = reqwest::Client::builder()
+        // TLS files are read and checked before anything listens.
+        let server_tls = ServerTls::load(&config.tls).map_err(StartError::Tls)?;
+        let mut client = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(config.limits.connect_timeout_ms))
             .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(90))
-            .build()
-            .map_err(|e| StartError::Client(e.to_string()))?;
+            .pool_idle_timeout(Duration::from_secs(90));
+        if let Some(c) = crate::tls::client_config(&config.tls).map_err(StartError::Tls)? {
+            client = client.use_preconfigured_tls(c);
+        }
+        let client = client.build().map_err(|e| StartError::Client(e.to_string()))?;
+        let tls_for = |alpn, machines| {
+            let c = server_tls.as_ref().map(|t: &Arc<ServerTls>| t.config(alpn, machines));
+            c.transpose().map_err(StartError::Tls)
+        };
+        let http_tls = tls_for(ALPN_HTTP1, false)?;
+        let peer_tls = tls_for(ALPN_HTTP1, true)?;
+        let grpc_tls = tls_for(ALPN_H2, true)?;
         let listener = bind(config.listen).await?;
         let admin_listener = match config.admin_listen {
             Some(a) => Some(bind(a).await?),
@@ -297,10 +344,12 @@ impl Gateway {
         // Each component's context, built once here.
         let api = shared.api_context();
         let peer_context = shared.peer_context();
-        let mut servers = vec![serve(listener, app(&shared, &api), &shared, stop_rx.clone())];
+        let serve_with = serve;
+        let serve = |l, app, stop| serve_with(l, app, &shared, http_tls.clone(), stop);
+        let mut servers = vec![serve(listener, app(&shared, &api), stop_rx.clone())];
         if let Some(l) = admin_listener {
             let a = admin_routes(&shared).fallback(not_found);
-            servers.push(serve(l, a, &shared, stop_rx.clone()));
+            servers.push(serve(l, a, stop_rx.clone()));
         }
         if let Some(l) = metrics_listener {
             let m = Router::new()
@@ -308,7 +357,7 @@ impl Gateway {
                 .layer(middleware::from_fn_with_state(Arc::clone(&shared), client_auth))
                 .fallback(not_found)
                 .with_state(Arc::clone(&api));
-            servers.push(serve(l, m, &shared, stop_rx.clone()));
+            servers.push(serve(l, m, stop_rx.clone()));
         }
         if let Some(l) = peer_listener {
             let p = Router::new()
@@ -316,10 +365,13 @@ impl Gateway {
                 .fallback(not_found)
                 .layer(DefaultBodyLimit::max(PEER_BODY_LIMIT))
                 .with_state(Arc::clone(&peer_context));
-            servers.push(serve(l, p, &shared, stop_rx.clone()));
+            servers.push(serve_with(l, p, &shared, peer_tls, stop_rx.clone()));
         }
         if let Some(l) = epp_listener {
-            servers.push(crate::epp::serve(l, shared.epp_context(), stop_rx.clone()));
+            servers.push(crate::epp::serve(l, shared.epp_context(), grpc_tls, stop_rx.clone()));
+        }
+        if let Some(t) = server_tls {
+            servers.push(tokio::spawn(t.watch(stop_rx.clone())));
         }
         servers.push(tokio::spawn(crate::upkeep::run(Arc::clone(&shared.fleet), stop_rx.clone())));
         if shared.config.peers.enabled() {
@@ -391,6 +443,12 @@ impl Gateway {
     #[cfg(test)]
     pub(crate) fn directory(&self) -> &Arc<crate::directory::Directory> {
         &self.shared.replicas
+    }
+
+    /// A snapshot of the fleet, for in-crate tests.
+    #[cfg(test)]
+    pub(crate) fn snapshot(&self) -> crate::FleetSnapshot {
+        self.shared.view.snapshot(std::time::Instant::now())
     }
 
     /// The registry, for in-crate tests.

@@ -250,6 +250,7 @@ impl Shared {
     pub(crate) fn peer_context(&self) -> Arc<PeerContext> {
         Arc::new(PeerContext {
             config: self.config.peers.clone(),
+            scheme: self.config.tls.scheme(),
             peers: Arc::clone(&self.peers),
             fleet: Arc::clone(&self.fleet),
             replicas: Arc::clone(&self.replicas),

@@ -57,6 +57,12 @@ fn everything_set() -> GatewayConfig {
     c.discovery.dns = Some("vllm-engines".into());
     c.discovery.api_key = Some("engine-key".into());
     c.epp.listen = Some("127.0.0.1:9002".parse().unwrap());
+    c.tls.cert = Some("/tls/tls.crt".into());
+    c.tls.key = Some("/tls/tls.key".into());
+    c.tls.client_ca = Some("/tls/clients.crt".into());
+    c.tls.ca = Some("/tls/ca.crt".into());
+    c.tls.client_cert = Some("/tls/client.crt".into());
+    c.tls.client_key = Some("/tls/client.key".into());
     c
 }
 

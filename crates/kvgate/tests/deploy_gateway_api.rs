@@ -103,7 +103,7 @@ fn the_pickers_command_line_passes_kvgate_validation() {
     assert_eq!(a[0], "epp");
     // The config file is deploy/kubernetes' ConfigMap; the environment's
     // names are expanded as the kubelet would.
-    let config = root().join("target/deploy-gateway-api-kvgate.toml");
+    let config = std::env::temp_dir().join(format!("kvgate-epp-{}.toml", std::process::id()));
     let cm = parse(&root().join("deploy/kubernetes/kvgate-config.yaml"));
     let cm = cm.iter().find(|d| d["kind"] == "ConfigMap").expect("kvgate-config");
     std::fs::write(&config, s(cm, "/data/kvgate.toml")).unwrap();
