@@ -60,10 +60,6 @@ pub(crate) struct EppContext {
     pub(crate) replica_header: bool,
 }
 
-/// Responses queued per stream before the exchange waits for the gateway
-/// to read them.
-const OUTBOX: usize = 64;
-
 #[derive(Debug)]
 struct Picker(Arc<EppContext>);
 
@@ -76,14 +72,7 @@ impl ExternalProcessor for Picker {
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
         let inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(OUTBOX);
-        tokio::spawn(exchange::run(Arc::clone(&self.0), inbound, tx));
-        let out =
-            futures_util::stream::unfold(
-                rx,
-                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
-            );
-        Ok(Response::new(Box::pin(out)))
+        Ok(Response::new(Box::pin(exchange::answers(Arc::clone(&self.0), inbound))))
     }
 }
 

@@ -12,9 +12,14 @@
 //!    reference picker adds 1.1 s at this point, GIE #2928): the pick's
 //!    p50/p99 and the picks per second.
 //!
-//! Each stream is closed once the body has come back, so its booking is
-//! released at once (the engines are not asked: the pick is what is
-//! measured).
+//! 3. `streamed`: whole exchanges, 4k-token chats streaming 64 tokens, the
+//!    bench carrying the request to the engine named and passing every
+//!    response chunk through the picker (FULL_DUPLEX_STREAMED both ways),
+//!    against the same through the proxy: CPU per request of each.
+//!
+//! In 1 and 2 each stream is closed once the body has come back, so its
+//! booking is released at once (the engines are not asked: the pick is what
+//! is measured).
 //!
 //! ```text
 //! cargo build --release -p kvgate && cargo run --release -p kvgate --example epp_latency [-- N]
@@ -96,6 +101,100 @@ async fn pick(client: &ExternalProcessorClient<Channel>, path: &str, body: &[u8]
     }
     drop(tx);
     dt
+}
+
+/// One whole exchange as a gateway makes it: the pick, the request to the
+/// endpoint named (with the headers and body the picker gave), and the
+/// engine's streamed answer passed through the picker chunk by chunk, as in
+/// FULL_DUPLEX_STREAMED response mode. Returns the chunks relayed.
+async fn exchange(
+    client: &ExternalProcessorClient<Channel>,
+    http: &reqwest::Client,
+    path: &str,
+    body: &[u8],
+) -> usize {
+    let (tx, rx) = mpsc::channel::<ProcessingRequest>(64);
+    let out =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut client = client.clone();
+    let msg = |m| ProcessingRequest { request: Some(m), ..ProcessingRequest::default() };
+    tx.send(msg(Msg::RequestHeaders(headers(path)))).await.unwrap();
+    let b = HttpBody { body: body.to_vec(), end_of_stream: true, ..HttpBody::default() };
+    tx.send(msg(Msg::RequestBody(b))).await.unwrap();
+    let mut inbound = client.process(out).await.unwrap().into_inner();
+    let Some(Reply::RequestHeaders(h)) = inbound.message().await.unwrap().and_then(|r| r.response)
+    else {
+        panic!("the picker refused")
+    };
+    let set = h.response.and_then(|c| c.header_mutation).map(|m| m.set_headers).unwrap_or_default();
+    let endpoint = set
+        .iter()
+        .filter_map(|o| o.header.as_ref())
+        .find(|h| h.key == "x-gateway-destination-endpoint")
+        .map(|h| String::from_utf8_lossy(&h.raw_value).split(',').next().unwrap_or("").to_owned())
+        .expect("an endpoint");
+    let mut forwarded = Vec::new();
+    loop {
+        let r = inbound.message().await.unwrap().and_then(|r| r.response);
+        let Some(Reply::RequestBody(b)) = r else { panic!("expected the body") };
+        let m = b.response.and_then(|c| c.body_mutation).and_then(|m| m.mutation);
+        let Some(body_mutation::Mutation::StreamedResponse(s)) = m else { panic!("not streamed") };
+        forwarded.extend_from_slice(&s.body);
+        if s.end_of_stream {
+            break;
+        }
+    }
+    let mut resp = http
+        .post(format!("http://{endpoint}{path}"))
+        .header("content-type", "application/json")
+        .body(forwarded)
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16().to_string();
+    let h = HttpHeaders {
+        headers: Some(HeaderMap {
+            headers: [(":status", status.as_str()), ("content-type", "text/event-stream")]
+                .iter()
+                .map(|(k, v)| HeaderValue {
+                    key: (*k).into(),
+                    value: String::new(),
+                    raw_value: v.as_bytes().to_vec(),
+                })
+                .collect(),
+        }),
+        ..HttpHeaders::default()
+    };
+    tx.send(msg(Msg::ResponseHeaders(h))).await.unwrap();
+    inbound.message().await.unwrap();
+    // Full duplex, as Envoy does it: each chunk goes to the picker as the
+    // engine sends it, without waiting for the picker's echo of the last.
+    let feeder = tokio::spawn(async move {
+        let mut chunks = 0;
+        loop {
+            let c = resp.chunk().await.unwrap();
+            let end = c.is_none();
+            let body = c.map(|c| c.to_vec()).unwrap_or_default();
+            let b = HttpBody { body, end_of_stream: end, ..HttpBody::default() };
+            tx.send(msg(Msg::ResponseBody(b))).await.unwrap();
+            if end {
+                return (chunks, tx);
+            }
+            chunks += 1;
+        }
+    });
+    loop {
+        let r = inbound.message().await.unwrap().and_then(|r| r.response);
+        let Some(Reply::ResponseBody(b)) = r else { panic!("expected a body echo") };
+        let m = b.response.and_then(|c| c.body_mutation).and_then(|m| m.mutation);
+        let Some(body_mutation::Mutation::StreamedResponse(s)) = m else { panic!("not streamed") };
+        if s.end_of_stream {
+            break;
+        }
+    }
+    let (chunks, tx) = feeder.await.unwrap();
+    drop(tx);
+    chunks
 }
 
 /// A distinct ~4k-token conversation (as `serve_overhead` sends).
@@ -239,6 +338,26 @@ async fn main() {
         pct(&mut lat, 1.0),
         total as f64 / wall
     );
+    // 3. Whole exchanges through the picker: 4k-token chats streaming 64
+    // tokens, every chunk passed through the picker.
+    let streamed = |i: usize| {
+        let mut b = long_chat(i);
+        b["max_tokens"] = json!(64);
+        b["stream"] = json!(true);
+        serde_json::to_vec(&b).unwrap()
+    };
+    let m = n / 2;
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    let mut relayed = 0;
+    for i in 0..m {
+        relayed += exchange(&client, &http, "/v1/chat/completions", &streamed(3_000_000 + i)).await;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let epp_full = ((cpu_seconds(pid) - c0) - idle * wall) / m as f64 * 1e3;
+    println!(
+        "streamed 4k-token chats through the picker ({m}, 64 output tokens, {:.0} chunks each through it): picker CPU {epp_full:.3} ms/request",
+        relayed as f64 / m as f64
+    );
     let _ = epp.kill();
     let _ = epp.wait();
 
@@ -271,6 +390,21 @@ async fn main() {
     println!(
         "chat4k through the proxy (non-streamed, 1 output token): gateway CPU {proxy_cpu:.3} ms/request; picker ÷ proxy {:.2}",
         epp_cpu / proxy_cpu
+    );
+    let (c0, t0) = (cpu_seconds(pid), Instant::now());
+    for i in 0..m {
+        let mut b = long_chat(4_000_000 + i);
+        b["max_tokens"] = json!(64);
+        b["stream"] = json!(true);
+        let r = http.post(&url).json(&b).send().await.unwrap();
+        assert!(r.status().is_success());
+        r.bytes().await.unwrap();
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    let proxy_full = ((cpu_seconds(pid) - c0) - idle * wall) / m as f64 * 1e3;
+    println!(
+        "streamed 4k-token chats through the proxy ({m}, 64 output tokens): gateway CPU {proxy_full:.3} ms/request; picker ÷ proxy {:.2}",
+        epp_full / proxy_full
     );
     let _ = gw.kill();
     let _ = gw.wait();

@@ -19,6 +19,7 @@
 //! end the body when it had no end-of-stream chunk; a gateway that closes
 //! the stream mid-body or before the response leaves no booking behind.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,7 +32,6 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use kvgate_index::ReplicaId;
 use kvgate_openai::{ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
 use kvgate_router::{Outcome, Routed};
-use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use super::wire;
@@ -48,42 +48,52 @@ use crate::shed::InflightPermit;
 /// Largest single SSE event inspected for the first token.
 const MAX_EVENT_BYTES: usize = 4 << 20;
 
-type Outbox = mpsc::Sender<Result<ProcessingResponse, Status>>;
-
-/// Runs one stream until the gateway closes it. A booking still held when
-/// it ends (the gateway closed the stream before the response ended: the
-/// client went away, or the gateway does not send responses to the picker)
-/// is released as dropped, by `HeldBooking`'s drop.
-pub(super) async fn run(
+/// The answers to one stream, as the stream tonic sends: each message from
+/// the gateway is handled as the answers are asked for, on the task that
+/// sends them (no task or channel of its own: a hop per response chunk cost
+/// more than handling the chunk). It ends when the gateway closes its side;
+/// a booking still held then (the client went away, or the gateway does
+/// not send responses to the picker) is released as dropped, by
+/// `HeldBooking`'s drop when the stream is dropped.
+pub(super) fn answers(
     ctx: Arc<EppContext>,
-    mut inbound: Streaming<ProcessingRequest>,
-    out: Outbox,
-) {
-    let mut ex = Exchange::new(ctx);
-    loop {
-        let msg = match inbound.message().await {
-            Ok(Some(m)) => m,
-            Ok(None) => break,
-            Err(status) => {
-                tracing::debug!(%status, "the gateway ended the ext_proc stream");
-                break;
+    inbound: Streaming<ProcessingRequest>,
+) -> impl futures_util::Stream<Item = Result<ProcessingResponse, Status>> + Send + 'static {
+    let state = Answers { ex: Exchange::new(ctx), inbound, queued: VecDeque::new(), failed: false };
+    futures_util::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(r) = st.queued.pop_front() {
+                return Some((Ok(r), st));
             }
-        };
-        match ex.on_message(msg).await {
-            Ok(replies) => {
-                for r in replies {
-                    if out.send(Ok(r)).await.is_err() {
-                        return;
-                    }
+            if st.failed {
+                return None;
+            }
+            let msg = match st.inbound.message().await {
+                Ok(Some(m)) => m,
+                Ok(None) => return None,
+                Err(status) => {
+                    tracing::debug!(%status, "the gateway ended the ext_proc stream");
+                    return None;
+                }
+            };
+            match st.ex.on_message(msg).await {
+                Ok(replies) => st.queued.extend(replies),
+                Err(status) => {
+                    tracing::warn!(%status, "ext_proc protocol error");
+                    st.failed = true;
+                    return Some((Err(status), st));
                 }
             }
-            Err(status) => {
-                tracing::warn!(%status, "ext_proc protocol error");
-                let _ = out.send(Err(status)).await;
-                return;
-            }
         }
-    }
+    })
+}
+
+/// One stream's state between the answers tonic asks for.
+struct Answers {
+    ex: Exchange,
+    inbound: Streaming<ProcessingRequest>,
+    queued: VecDeque<ProcessingResponse>,
+    failed: bool,
 }
 
 /// Where the request side stands.
@@ -226,6 +236,9 @@ impl Exchange {
             }
             // A repeated end-of-stream chunk after the end (GIE #2988).
             Stage::Answered if b.body.is_empty() => Ok(Vec::new()),
+            // Refused (an immediate response is on its way): the gateway
+            // may have sent more of the body before it read the refusal.
+            Stage::Answered if self.placed.is_none() => Ok(Vec::new()),
             Stage::Answered => {
                 Err(Status::invalid_argument("request body bytes arrived after the body ended"))
             }

@@ -763,3 +763,24 @@ async fn both_front_doors_decide_alike_on_the_same_workload() {
     assert!(a > 0.5, "the workload should reuse its prefixes: {a}");
     assert!((a - b).abs() <= 0.01, "proxy {a:.3} vs endpoint picker {b:.3}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_body_is_refused_and_the_rest_of_it_ignored() {
+    let s = Setup::new(1, |c| c.limits.max_body_bytes = 1_000).await;
+    let mut st = s.envoy.open().await;
+    let h = header_map(&[(":path", "/v1/chat/completions".to_owned())]);
+    st.send(Msg::RequestHeaders(h), None).await;
+    for _ in 0..2 {
+        let chunk = HttpBody { body: vec![b' '; 600], ..Default::default() };
+        st.send(Msg::RequestBody(chunk), None).await;
+    }
+    let Reply::ImmediateResponse(i) = st.reply().await else { panic!("expected a refusal") };
+    assert_eq!(i.status.map(|s| s.code), Some(400));
+    assert!(String::from_utf8_lossy(&i.body).contains("larger than 1000 bytes"));
+    // The gateway had sent more before it read the refusal: no error for it.
+    let last = HttpBody { body: vec![b' '; 600], end_of_stream: true, ..Default::default() };
+    st.send(Msg::RequestBody(last), None).await;
+    let next = tokio::time::timeout(Duration::from_millis(300), st.rx.message()).await;
+    assert!(next.is_err(), "the picker answered or failed the stream: {next:?}");
+    assert_eq!(s.in_flight(), 0);
+}
