@@ -34,8 +34,9 @@ USER 10001:10001
 # 8000: the OpenAI-compatible API, /health, /ready, /metrics (--listen).
 # 8001: the admin API and dashboard (--admin-listen; loopback by default).
 # 9000: the peer endpoint between kvgate instances (--peer-listen).
+# 9002: the endpoint picker's gRPC (`kvgate epp --listen`).
 # kvgate listens on 127.0.0.1 unless told otherwise: pass --listen 0.0.0.0:8000
 # (with --api-key, or --allow-unauthenticated) to publish the API.
-EXPOSE 8000 8001 9000
+EXPOSE 8000 8001 9000 9002
 ENTRYPOINT ["kvgate"]
 CMD ["serve"]
