@@ -784,3 +784,71 @@ async fn an_oversized_body_is_refused_and_the_rest_of_it_ignored() {
     assert!(next.is_err(), "the picker answered or failed the stream: {next:?}");
     assert_eq!(s.in_flight(), 0);
 }
+
+/// Sends `msgs` on a fresh stream and reads what comes back until the
+/// picker ends the stream or goes quiet: replies, or the gRPC error.
+async fn hostile(envoy: &FakeEnvoy, msgs: Vec<Msg>) -> Result<Vec<Reply>, tonic::Status> {
+    let mut st = envoy.open().await;
+    for m in msgs {
+        st.send(m, None).await;
+    }
+    let mut out = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_millis(1_500), st.rx.message()).await {
+            Err(_) | Ok(Ok(None)) => return Ok(out),
+            Ok(Ok(Some(r))) => out.extend(r.response),
+            Ok(Err(status)) => return Err(status),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_out_of_order_end_the_stream_cleanly_and_book_nothing() {
+    let s = Setup::new(1, |_| {}).await;
+    let headers =
+        || Msg::RequestHeaders(header_map(&[(":path", "/v1/chat/completions".to_owned())]));
+    let body = |b: &[u8], end: bool| {
+        Msg::RequestBody(HttpBody { body: b.to_vec(), end_of_stream: end, ..Default::default() })
+    };
+    let resp_headers = || Msg::ResponseHeaders(header_map(&[(":status", "200".to_owned())]));
+    let resp_body = || {
+        Msg::ResponseBody(HttpBody {
+            body: b"data: x\n\n".to_vec(),
+            end_of_stream: true,
+            ..Default::default()
+        })
+    };
+    // A body before any headers, and headers twice: protocol errors.
+    let e = hostile(&s.envoy, vec![body(b"{}", true)]).await.expect_err("body first");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let e = hostile(&s.envoy, vec![headers(), headers()]).await.expect_err("headers twice");
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    // A response before any request, and trailers alone: passed on, nothing booked.
+    let r = hostile(&s.envoy, vec![resp_headers(), resp_body()]).await.expect("answered");
+    assert!(matches!(r.as_slice(), [Reply::ResponseHeaders(_), Reply::ResponseBody(_)]), "{r:?}");
+    let r = hostile(&s.envoy, vec![Msg::RequestTrailers(HttpTrailers::default())])
+        .await
+        .expect("trailers");
+    assert!(matches!(r.as_slice(), [Reply::RequestTrailers(_)]), "{r:?}");
+    // Not JSON, JSON of the wrong shape, an unknown model: OpenAI-style 4xx.
+    for (text, code) in [
+        (&b"\xff\xfe not json"[..], 400),
+        (br#"{"messages": "not a list"}"#, 400),
+        (br#"{"model": "nobody", "messages": [{"role": "user", "content": "hi"}]}"#, 404),
+    ] {
+        let r = hostile(&s.envoy, vec![headers(), body(text, true)]).await.expect("answered");
+        let [Reply::ImmediateResponse(i)] = r.as_slice() else { panic!("{r:?}") };
+        assert_eq!(
+            i.status.as_ref().map(|s| s.code),
+            Some(code),
+            "{}",
+            String::from_utf8_lossy(text)
+        );
+    }
+    // A response body after the request was placed but before its headers.
+    let ok = serde_json::to_vec(&chat("fine", true)).expect("json");
+    let r =
+        hostile(&s.envoy, vec![headers(), body(&ok, true), resp_body()]).await.expect("answered");
+    assert!(r.iter().any(|x| matches!(x, Reply::ResponseBody(_))), "{r:?}");
+    s.wait_in_flight(0).await;
+}

@@ -363,7 +363,10 @@ async fn https_engines_must_present_a_valid_certificate() {
         let mut c = config(vec![replica(&url, &sim)]);
         c.tls.ca = Some(ca_path.clone());
         let gw = Gateway::start(c).await.expect("gateway");
-        let deadline = Instant::now() + Duration::from_secs(5);
+        // The valid engine gets time to come up on a loaded machine; the
+        // expired one a few seconds of probes to show it never does.
+        let wait = if should_serve { 20 } else { 3 };
+        let deadline = Instant::now() + Duration::from_secs(wait);
         let mut last;
         let up = loop {
             let snap = gw.snapshot();
