@@ -282,11 +282,12 @@ impl Exchange {
         let ctx = Arc::clone(&self.ctx);
         let route = self.route();
         let label = route.map_or("other", Route::label);
+        // Held while the request is checked and placed, and kept once it
+        // is placed; a refusal below gives it back at once.
         let permit = match ctx.shedding.admit() {
             Ok(p) => p,
             Err(e) => return vec![self.refuse(label, *e)],
         };
-        self.permit = Some(permit);
         let headers = self.headers.take().unwrap_or_default();
         if !ctx.api_keys.is_empty() {
             let presented = wire::header_str(&headers, "authorization").unwrap_or("");
@@ -367,6 +368,7 @@ impl Exchange {
         let booking = HeldBooking::new(Arc::clone(&ctx.fleet), routed.booking);
         self.placed =
             Some(Placed { replica, endpoint, booking: Some(booking), label, prepared: p });
+        self.permit = Some(permit);
         replies
     }
 

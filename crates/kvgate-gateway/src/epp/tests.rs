@@ -603,6 +603,11 @@ async fn the_served_endpoint_moves_the_booking() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_is_429_and_no_replica_is_503() {
     let s = Setup::new(1, |c| c.limits.max_concurrent_requests = 1).await;
+    // A refused request gives its place back at once, its stream still open.
+    let mut bad = Send::new("/v1/chat/completions", &json!({}));
+    bad.body = b"not json".to_vec();
+    let (_open, p0) = s.envoy.pick(&bad).await;
+    assert_eq!(p0.immediate.expect("refused").0, 400);
     let (held, p) = s.envoy.pick(&Send::new("/v1/chat/completions", &chat("first", true))).await;
     assert!(p.immediate.is_none());
     let (_, p2) = s.envoy.pick(&Send::new("/v1/chat/completions", &chat("second", true))).await;
