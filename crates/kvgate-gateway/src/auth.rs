@@ -18,14 +18,24 @@ pub(crate) fn key_matches(keys: &[String], presented: &str) -> bool {
 
 /// The bearer token of `Authorization: Bearer T`.
 pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let v = headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, token) = v.split_once(' ')?;
+    bearer_of(headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?)
+}
+
+/// The token of an `Authorization` value `Bearer T` (the scheme in any case).
+pub(crate) fn bearer_of(authorization: &str) -> Option<&str> {
+    let (scheme, token) = authorization.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
 /// Client requests are allowed when no keys are configured or a key matches.
 pub(crate) fn client_allowed(keys: &[String], headers: &HeaderMap) -> bool {
-    keys.is_empty() || bearer(headers).is_some_and(|t| key_matches(keys, t))
+    client_token_allowed(keys, bearer(headers))
+}
+
+/// The same for a bearer token found elsewhere (the endpoint picker reads
+/// the client's headers from the gateway's message).
+pub(crate) fn client_token_allowed(keys: &[String], token: Option<&str>) -> bool {
+    keys.is_empty() || token.is_some_and(|t| key_matches(keys, t))
 }
 
 /// The admin key from `x-kvgate-admin-key` or `Authorization: Bearer`.

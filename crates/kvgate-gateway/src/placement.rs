@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use kvgate_index::ReplicaId;
 use kvgate_openai::ErrorResponse;
-use kvgate_router::{Decision, RejectReason, RouteRequest, Routed};
+use kvgate_router::{Decision, RejectReason, Routed};
 
 use crate::admission::{Admission, Ticket};
 use crate::fleet_handle::FleetHandle;
@@ -92,18 +92,7 @@ impl Placer {
                 self.admission.turn(t).await;
             }
             let now = Instant::now();
-            let decision = {
-                let req = RouteRequest {
-                    prompt_tokens: p.prompt_tokens,
-                    keys: &p.keys,
-                    max_output_tokens: p.max_output,
-                    session_key: p.session_key.as_deref(),
-                    approx_symbols: p.tokens.as_deref(),
-                    queued_since: a.queued_since,
-                    exclude: &a.exclude,
-                };
-                self.fleet.route(&req, now)
-            };
+            let decision = self.fleet.route(&p.route_request(a.queued_since, &a.exclude), now);
             self.metrics.decide_time(now.elapsed().as_secs_f64());
             if !matches!(decision, Decision::Wait { .. }) {
                 // Routed or refused: the next in line goes now.

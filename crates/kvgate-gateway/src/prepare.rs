@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use kvgate_index::{request_block_keys, BlockKey};
+use kvgate_index::{request_block_keys, BlockKey, ReplicaId};
 use kvgate_openai::{ChatCompletionRequest, CompletionRequest, ErrorResponse, Prompt};
+use kvgate_router::RouteRequest;
 use kvgate_tokenize::service::TokenizeService;
 use kvgate_tokenize::{ChatRequest, Endpoint, TokenizeError};
 
@@ -56,6 +57,24 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
+    /// What the router is asked for this request, with the request's wait
+    /// so far and the replicas it must not go to.
+    pub(crate) fn route_request<'a>(
+        &'a self,
+        queued_since: Option<Instant>,
+        exclude: &'a [ReplicaId],
+    ) -> RouteRequest<'a> {
+        RouteRequest {
+            prompt_tokens: self.prompt_tokens,
+            keys: &self.keys,
+            max_output_tokens: self.max_output,
+            session_key: self.session_key.as_deref(),
+            approx_symbols: self.tokens.as_deref(),
+            queued_since,
+            exclude,
+        }
+    }
+
     /// The body a replica with `mode` gets.
     pub(crate) fn body_for(&self, mode: Passthrough) -> Bytes {
         let use_tokens = match (self.route, mode) {

@@ -78,6 +78,7 @@ impl Registry {
             config: cfg,
             name,
             base,
+            endpoint: Replica::endpoint_of(&route_urls[0]),
             route_urls,
             events: Arc::new(SubscriberMetrics::default()),
             routed: AtomicU64::new(0),

@@ -23,6 +23,9 @@ pub(crate) struct Replica {
     /// The engine's chat and completions URLs, parsed once (parsing a URL
     /// per request was 3 % of a short request's CPU).
     pub(crate) route_urls: [reqwest::Url; 2],
+    /// Its `host:port` ([`Replica::endpoint_of`]), made once: the endpoint
+    /// picker names and matches replicas by it on every request.
+    pub(crate) endpoint: String,
     pub(crate) events: Arc<SubscriberMetrics>,
     pub(crate) routed: AtomicU64,
     /// Stops this replica's tasks (subscriber, monitor) when set.
@@ -39,10 +42,9 @@ impl Replica {
         Ok([parse(Route::Chat)?, parse(Route::Completions)?])
     }
 
-    /// The engine's `host:port`, as a gateway's endpoint list names it
-    /// (the endpoint picker's answer; IPv6 hosts in brackets).
-    pub(crate) fn endpoint(&self) -> String {
-        let url = &self.route_urls[0];
+    /// The engine's `host:port` in `url`, as a gateway's endpoint list names
+    /// it (the endpoint picker's answer; IPv6 hosts in brackets).
+    pub(crate) fn endpoint_of(url: &reqwest::Url) -> String {
         let port = url.port_or_known_default().unwrap_or(80);
         format!("{}:{port}", url.host_str().unwrap_or_default())
     }

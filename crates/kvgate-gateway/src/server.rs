@@ -344,12 +344,12 @@ impl Gateway {
         // Each component's context, built once here.
         let api = shared.api_context();
         let peer_context = shared.peer_context();
-        let serve_with = serve;
-        let serve = |l, app, stop| serve_with(l, app, &shared, http_tls.clone(), stop);
-        let mut servers = vec![serve(listener, app(&shared, &api), stop_rx.clone())];
+        // The client-facing listeners (API, admin, metrics) share one TLS setting.
+        let serve_client = |l, app, stop| serve(l, app, &shared, http_tls.clone(), stop);
+        let mut servers = vec![serve_client(listener, app(&shared, &api), stop_rx.clone())];
         if let Some(l) = admin_listener {
             let a = admin_routes(&shared).fallback(not_found);
-            servers.push(serve(l, a, stop_rx.clone()));
+            servers.push(serve_client(l, a, stop_rx.clone()));
         }
         if let Some(l) = metrics_listener {
             let m = Router::new()
@@ -357,7 +357,7 @@ impl Gateway {
                 .layer(middleware::from_fn_with_state(Arc::clone(&shared), client_auth))
                 .fallback(not_found)
                 .with_state(Arc::clone(&api));
-            servers.push(serve(l, m, stop_rx.clone()));
+            servers.push(serve_client(l, m, stop_rx.clone()));
         }
         if let Some(l) = peer_listener {
             let p = Router::new()
@@ -365,7 +365,7 @@ impl Gateway {
                 .fallback(not_found)
                 .layer(DefaultBodyLimit::max(PEER_BODY_LIMIT))
                 .with_state(Arc::clone(&peer_context));
-            servers.push(serve_with(l, p, &shared, peer_tls, stop_rx.clone()));
+            servers.push(serve(l, p, &shared, peer_tls, stop_rx.clone()));
         }
         if let Some(l) = epp_listener {
             servers.push(crate::epp::serve(l, shared.epp_context(), grpc_tls, stop_rx.clone()));

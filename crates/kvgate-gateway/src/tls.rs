@@ -70,8 +70,17 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
 
 /// The certificate chain at `cert` with the key at `key`, checked to match.
 pub(crate) fn load_identity(cert: &Path, key: &Path) -> Result<Arc<CertifiedKey>, String> {
-    let certs = read_certs(cert)?;
-    let der = read_key(key)?;
+    certified(read_certs(cert)?, read_key(key)?, cert, key)
+}
+
+/// `certs` with the key `der`, checked to match (`cert`, `key`: their files,
+/// for the message).
+fn certified(
+    certs: Vec<CertificateDer<'static>>,
+    der: PrivateKeyDer<'static>,
+    cert: &Path,
+    key: &Path,
+) -> Result<Arc<CertifiedKey>, String> {
     let signing = provider()
         .key_provider
         .load_private_key(der)
@@ -207,10 +216,11 @@ pub(crate) fn client_config(c: &TlsConfig) -> Result<Option<ClientConfig>, Strin
         .with_root_certificates(roots(ca)?);
     let mut config = match (&c.client_cert, &c.client_key) {
         (Some(cert), Some(key)) => {
+            let (certs, der) = (read_certs(cert)?, read_key(key)?);
             // Checked as the server's pair is, for the same mistakes.
-            load_identity(cert, key)?;
+            certified(certs.clone(), der.clone_key(), cert, key)?;
             builder
-                .with_client_auth_cert(read_certs(cert)?, read_key(key)?)
+                .with_client_auth_cert(certs, der)
                 .map_err(|e| format!("{}: {e}", cert.display()))?
         }
         _ => builder.with_no_client_auth(),

@@ -45,7 +45,7 @@ use kvgate_alloc as _;
 
 mod bench_support;
 use bench_support::{
-    cpu_seconds, free_ports, spawn_epp, spawn_gateway, start_sims, wait_ready, MODEL,
+    cpu_seconds, free_ports, long_chat, spawn_epp, spawn_gateway, start_sims, wait_ready, MODEL,
 };
 
 /// Envoy's body chunks are at most this large on the wire.
@@ -197,22 +197,10 @@ async fn exchange(
     chunks
 }
 
-/// A distinct ~4k-token conversation (as `serve_overhead` sends).
-fn long_chat(i: usize) -> serde_json::Value {
-    let words = ["alpha", "kernel", "cache", "route", "token", "stream", "replica", "prefix"];
-    let mut text = String::new();
-    let mut x = i as u64 * 2654435761 + 1;
-    while text.len() < 24_000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        text.push_str(words[(x % 8) as usize]);
-        text.push_str(if x.is_multiple_of(11) { ".\n" } else { " " });
-    }
-    json!({"model": MODEL, "max_tokens": 1, "messages": [
-        {"role": "system", "content": format!("Session {i}. You are a careful assistant.")},
-        {"role": "user", "content": text},
-    ]})
+/// A distinct ~4k-token chat body (as `serve_overhead` sends), one output
+/// token.
+fn long_chat_body(i: usize) -> serde_json::Value {
+    json!({"model": MODEL, "max_tokens": 1, "messages": long_chat(i)})
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -270,12 +258,13 @@ async fn main() {
         pick(
             &client,
             "/v1/chat/completions",
-            &serde_json::to_vec(&long_chat(1_000_000 + i)).unwrap(),
+            &serde_json::to_vec(&long_chat_body(1_000_000 + i)).unwrap(),
         )
         .await;
     }
     let idle = idle_rate(pid).await;
-    let bodies: Vec<Vec<u8>> = (0..n).map(|i| serde_json::to_vec(&long_chat(i)).unwrap()).collect();
+    let bodies: Vec<Vec<u8>> =
+        (0..n).map(|i| serde_json::to_vec(&long_chat_body(i)).unwrap()).collect();
     let web_base = format!("http://127.0.0.1:{web}");
     let sums0 = own_sums(&http, &web_base).await;
     let (c0, t0) = (cpu_seconds(pid), Instant::now());
@@ -341,7 +330,7 @@ async fn main() {
     // 3. Whole exchanges through the picker: 4k-token chats streaming 64
     // tokens, every chunk passed through the picker.
     let streamed = |i: usize| {
-        let mut b = long_chat(i);
+        let mut b = long_chat_body(i);
         b["max_tokens"] = json!(64);
         b["stream"] = json!(true);
         serde_json::to_vec(&b).unwrap()
@@ -369,7 +358,7 @@ async fn main() {
     let url = format!("{base}/v1/chat/completions");
     for i in 0..5 {
         http.post(&url)
-            .json(&long_chat(2_000_000 + i))
+            .json(&long_chat_body(2_000_000 + i))
             .send()
             .await
             .unwrap()
@@ -381,7 +370,7 @@ async fn main() {
     let idle = idle_rate(pid).await;
     let (c0, t0) = (cpu_seconds(pid), Instant::now());
     for i in 0..n {
-        let r = http.post(&url).json(&long_chat(n + i)).send().await.unwrap();
+        let r = http.post(&url).json(&long_chat_body(n + i)).send().await.unwrap();
         assert!(r.status().is_success());
         r.bytes().await.unwrap();
     }
@@ -393,7 +382,7 @@ async fn main() {
     );
     let (c0, t0) = (cpu_seconds(pid), Instant::now());
     for i in 0..m {
-        let mut b = long_chat(4_000_000 + i);
+        let mut b = long_chat_body(4_000_000 + i);
         b["max_tokens"] = json!(64);
         b["stream"] = json!(true);
         let r = http.post(&url).json(&b).send().await.unwrap();

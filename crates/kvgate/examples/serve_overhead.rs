@@ -32,7 +32,9 @@ use serde_json::json;
 use kvgate_alloc as _;
 
 mod bench_support;
-use bench_support::{free_ports, spawn_gateway, start_sims, wait_ready, MODEL};
+use bench_support::{
+    cpu_seconds, free_ports, long_chat, spawn_gateway, start_sims, wait_ready, MODEL,
+};
 
 fn schedstat_seconds(path: &std::path::Path) -> f64 {
     std::fs::read_to_string(path)
@@ -40,14 +42,6 @@ fn schedstat_seconds(path: &std::path::Path) -> f64 {
         .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()))
         .unwrap_or(0.0)
         / 1e9
-}
-
-/// CPU time of every thread of `pid`, from `schedstat` (nanoseconds; `stat`'s
-/// 10 ms ticks are too coarse for per-request figures). Exact only while the
-/// threads wait: a running thread's figure lags by up to a scheduler tick.
-fn cpu_seconds(pid: &str) -> f64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
-    tasks.flatten().map(|t| schedstat_seconds(&t.path().join("schedstat"))).sum()
 }
 
 /// CPU seconds per thread name of `pid` (threads of one name summed).
@@ -270,24 +264,6 @@ struct LongRow {
     kvgate_tokenizer_cpu: f64,
 }
 
-/// A distinct ~4k-token conversation.
-fn long_chat(i: usize) -> serde_json::Value {
-    let words = ["alpha", "kernel", "cache", "route", "token", "stream", "replica", "prefix"];
-    let mut text = String::new();
-    let mut x = i as u64 * 2654435761 + 1;
-    while text.len() < 24_000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        text.push_str(words[(x % 8) as usize]);
-        text.push_str(if x.is_multiple_of(11) { ".\n" } else { " " });
-    }
-    json!([
-        {"role": "system", "content": format!("Session {i}. You are a careful assistant.")},
-        {"role": "user", "content": text},
-    ])
-}
-
 /// The gateway's own `kvgate_tokenize_seconds_sum` (wall time tokenizing).
 async fn gateway_tokenize_seconds(client: &reqwest::Client, base: &str) -> f64 {
     let text = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
@@ -336,7 +312,8 @@ async fn main() {
     let sims = start_sims(2, 65_536, 1000.0).await;
     let (port, admin) = free_ports();
     let mut gw = spawn_gateway(&sims, port, admin);
-    let gw_pid = gw.id().to_string();
+    let gw_pid = gw.id();
+    let gw_pid_text = gw_pid.to_string();
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
     wait_ready(&client, &base).await;
@@ -364,17 +341,17 @@ async fn main() {
     // 2. CPU per short non-streamed request, minus idle CPU, sequential and
     // with 16 concurrent clients (wake-ups amortise under load).
     let idle_t = Instant::now();
-    let i0 = cpu_seconds(&gw_pid);
+    let i0 = cpu_seconds(gw_pid);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle_rate = (cpu_seconds(&gw_pid) - i0) / idle_t.elapsed().as_secs_f64();
+    let idle_rate = (cpu_seconds(gw_pid) - i0) / idle_t.elapsed().as_secs_f64();
     let mut short_cpu = [0.0; 2];
     let mut short_gap = None;
     for (k, conc) in
         [1usize, 16].into_iter().enumerate().filter(|(_, c)| phase(&format!("short{c}")))
     {
         let total = n * 4;
-        let threads0 = cpu_by_thread(&gw_pid);
-        let c0 = cpu_seconds(&gw_pid);
+        let threads0 = cpu_by_thread(&gw_pid_text);
+        let c0 = cpu_seconds(gw_pid);
         let t = Instant::now();
         let mut tasks = Vec::new();
         for w in 0..conc {
@@ -393,7 +370,7 @@ async fn main() {
             t.await.unwrap();
         }
         let wall = t.elapsed().as_secs_f64();
-        short_cpu[k] = ((cpu_seconds(&gw_pid) - c0) - idle_rate * wall) / total as f64;
+        short_cpu[k] = ((cpu_seconds(gw_pid) - c0) - idle_rate * wall) / total as f64;
         println!("(short, {conc} at a time: {:.1} µs wall per request)", wall * 1e6 / total as f64);
         if conc == 1 {
             short_gap = Some(Duration::from_secs_f64(wall / total as f64));
@@ -401,7 +378,7 @@ async fn main() {
         print_thread_split(
             &format!("short, {conc} at a time"),
             &threads0,
-            &cpu_by_thread(&gw_pid),
+            &cpu_by_thread(&gw_pid_text),
             total,
         );
     }
@@ -431,8 +408,8 @@ async fn main() {
         let (mut raw_cpu, mut kvgate_cpu, mut tokens) = (0.0, 0.0, 0usize);
         let (mut lib_n, mut kvgate_n) = (0usize, 0usize);
         let tok_before = gateway_tokenize_seconds(&client, &base).await;
-        let threads0 = cpu_by_thread(&gw_pid);
-        let c0 = cpu_seconds(&gw_pid);
+        let threads0 = cpu_by_thread(&gw_pid_text);
+        let c0 = cpu_seconds(gw_pid);
         let t = Instant::now();
         for (chunk_no, chunk) in group.chunks(conc).enumerate() {
             // As many at a time as the gateway gets, over as many threads
@@ -473,13 +450,13 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let wall = t.elapsed().as_secs_f64();
         let k = group.len() as f64;
-        let threads1 = cpu_by_thread(&gw_pid);
+        let threads1 = cpu_by_thread(&gw_pid_text);
         print_thread_split(&format!("long, {conc} at a time"), &threads0, &threads1, group.len());
         long_rows.push(LongRow {
             name,
             conc,
             tokens: tokens / lib_n.max(1),
-            gateway_cpu: (cpu_seconds(&gw_pid) - c0 - idle_rate * wall) / k,
+            gateway_cpu: (cpu_seconds(gw_pid) - c0 - idle_rate * wall) / k,
             tokenizer_threads: tokenizer_thread_seconds(&threads0, &threads1) / k,
             tokenize_wall: (gateway_tokenize_seconds(&client, &base).await - tok_before) / k,
             raw_cpu: raw_cpu / lib_n.max(1) as f64,
@@ -500,14 +477,14 @@ async fn main() {
         let slow = start_sims(2, 65_536, 25.0).await;
         let (port, admin) = free_ports();
         gw = spawn_gateway(&slow, port, admin);
-        let pid = gw.id().to_string();
+        let pid = gw.id();
         let base = format!("http://127.0.0.1:{port}");
         wait_ready(&client, &base).await;
         let url = format!("{base}/v1/completions");
         let mut rows = Vec::new();
         for (k, max_tokens) in [16u32, 256, 16, 256].into_iter().enumerate() {
             let requests = 64usize;
-            let c0 = cpu_seconds(&pid);
+            let c0 = cpu_seconds(pid);
             let t = Instant::now();
             let tasks: Vec<_> = (0..16)
                 .map(|w| {
@@ -535,7 +512,7 @@ async fn main() {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
             let wall = t.elapsed().as_secs_f64();
-            let cpu = cpu_seconds(&pid) - c0 - idle_rate * wall;
+            let cpu = cpu_seconds(pid) - c0 - idle_rate * wall;
             rows.push((max_tokens, requests, chunks, cpu));
         }
         rows

@@ -111,7 +111,6 @@ enum Stage {
 #[derive(Debug)]
 struct Placed {
     replica: Arc<Replica>,
-    endpoint: String,
     booking: Option<HeldBooking>,
     label: &'static str,
     /// Prompt block keys etc., kept to re-place after a gateway retry.
@@ -138,7 +137,8 @@ struct Exchange {
     /// The request headers' metadata (the gateway's subset hint).
     metadata: Option<Metadata>,
     body: BytesMut,
-    /// Held from admission to the end of the stream.
+    /// The in-flight place of a placed request, held to the end of the
+    /// stream.
     permit: Option<InflightPermit>,
     placed: Option<Placed>,
     /// The gateway's body modes, when it announced them.
@@ -281,7 +281,7 @@ impl Exchange {
         self.stage = Stage::Answered;
         let ctx = Arc::clone(&self.ctx);
         let route = self.route();
-        let label = route.map_or("other", Route::label);
+        let label = self.label();
         // Held while the request is checked and placed, and kept once it
         // is placed; a refusal below gives it back at once.
         let permit = match ctx.shedding.admit() {
@@ -289,13 +289,10 @@ impl Exchange {
             Err(e) => return vec![self.refuse(label, *e)],
         };
         let headers = self.headers.take().unwrap_or_default();
-        if !ctx.api_keys.is_empty() {
-            let presented = wire::header_str(&headers, "authorization").unwrap_or("");
-            let key = presented.strip_prefix("Bearer ").unwrap_or("");
-            if !crate::auth::key_matches(&ctx.api_keys, key) {
-                let e = ErrorResponse::authentication("invalid or missing API key");
-                return vec![self.refuse(label, RequestError::new(Reason::Unauthorized, e))];
-            }
+        let token = wire::header_str(&headers, "authorization").and_then(crate::auth::bearer_of);
+        if !crate::auth::client_token_allowed(&ctx.api_keys, token) {
+            let e = ErrorResponse::authentication("invalid or missing API key");
+            return vec![self.refuse(label, RequestError::new(Reason::Unauthorized, e))];
         }
         let body = std::mem::take(&mut self.body).freeze();
         let prepared = match route {
@@ -310,7 +307,7 @@ impl Exchange {
         let mut exclude = ctx.placer.without_adapter(p.adapter.as_deref());
         if let Some(subset) = wire::subset_hint(self.metadata.as_ref()) {
             for r in ctx.replicas.all().iter() {
-                if !subset.iter().any(|s| *s == r.endpoint()) && !exclude.contains(&r.id) {
+                if !subset.contains(&r.endpoint) && !exclude.contains(&r.id) {
                     exclude.push(r.id);
                 }
             }
@@ -333,8 +330,7 @@ impl Exchange {
         replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let cached = u64::from(routed.cached_blocks) * u64::from(ctx.block_size);
         ctx.metrics.prompt_tokens(p.prompt_tokens, cached.min(p.prompt_tokens));
-        let endpoint = replica.endpoint();
-        let endpoints = endpoint_list(&ctx, &endpoint, &routed, &attempts.exclude);
+        let endpoints = endpoint_list(&ctx, &replica.endpoint, &routed, &attempts.exclude);
         let forwarded = if ctx.config.token_passthrough && route.is_some() {
             p.body_for(replica.config.passthrough)
         } else {
@@ -342,9 +338,8 @@ impl Exchange {
         };
         let mut set: Vec<(&str, Vec<u8>)> = Vec::new();
         let mut remove: Vec<&str> = Vec::new();
-        if headers.end_of_stream && forwarded.is_empty() {
-            // A request without a body keeps its headers as they are.
-        } else {
+        // A request without a body keeps its headers as they are.
+        if !(headers.end_of_stream && forwarded.is_empty()) {
             set.push(("content-length", forwarded.len().to_string().into_bytes()));
         }
         if let Some(rank) = replica.config.dp_rank {
@@ -366,8 +361,7 @@ impl Exchange {
             replies.extend(wire::request_body_chunks(&forwarded));
         }
         let booking = HeldBooking::new(Arc::clone(&ctx.fleet), routed.booking);
-        self.placed =
-            Some(Placed { replica, endpoint, booking: Some(booking), label, prepared: p });
+        self.placed = Some(Placed { replica, booking: Some(booking), label, prepared: p });
         self.permit = Some(permit);
         replies
     }
@@ -414,11 +408,10 @@ impl Exchange {
     fn served_by(&mut self, served: &str) {
         let ctx = Arc::clone(&self.ctx);
         let Some(p) = self.placed.as_mut() else { return };
-        if p.endpoint == served {
+        if p.replica.endpoint == served {
             return;
         }
-        let Some(other) = ctx.replicas.all().iter().find(|r| r.endpoint() == served).cloned()
-        else {
+        let Some(other) = ctx.replicas.all().iter().find(|r| r.endpoint == served).cloned() else {
             tracing::warn!(served, "the gateway names a served endpoint kvgate does not know");
             return;
         };
@@ -430,20 +423,11 @@ impl Exchange {
         ctx.metrics.count(Reason::Status5xx);
         let exclude: Vec<ReplicaId> =
             ctx.replicas.all().iter().map(|r| r.id).filter(|id| *id != other.id).collect();
-        let req = kvgate_router::RouteRequest {
-            prompt_tokens: p.prepared.prompt_tokens,
-            keys: &p.prepared.keys,
-            max_output_tokens: p.prepared.max_output,
-            session_key: p.prepared.session_key.as_deref(),
-            approx_symbols: p.prepared.tokens.as_deref(),
-            queued_since: None,
-            exclude: &exclude,
-        };
+        let req = p.prepared.route_request(None, &exclude);
         if let Some(r) = ctx.fleet.route(&req, Instant::now()).routed() {
             p.booking = Some(HeldBooking::new(Arc::clone(&ctx.fleet), r.booking));
         }
         p.replica = other;
-        p.endpoint = served.to_owned();
     }
 
     fn response_body(&mut self, b: HttpBody) -> ProcessingResponse {
@@ -542,9 +526,8 @@ fn endpoint_list(ctx: &EppContext, chosen: &str, routed: &Routed, exclude: &[Rep
                 break;
             }
             if let Some(r) = ctx.replicas.get(c.replica) {
-                let ep = r.endpoint();
-                if !list.contains(&ep) {
-                    list.push(ep);
+                if !list.contains(&r.endpoint) {
+                    list.push(r.endpoint.clone());
                 }
             }
         }

@@ -107,7 +107,7 @@ impl Setup {
 
     /// Requests booked on the replica serving `endpoint`.
     fn booked_on(&self, endpoint: &str) -> u32 {
-        let r = self.gw.directory().all().iter().find(|r| r.endpoint() == endpoint).cloned();
+        let r = self.gw.directory().all().iter().find(|r| r.endpoint == endpoint).cloned();
         let r = r.expect("replica");
         self.gw.fleet().with(|f| f.router().load(r.id).map_or(0, |l| l.load.requests()))
     }

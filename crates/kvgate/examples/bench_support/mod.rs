@@ -40,7 +40,28 @@ pub async fn start_sims(n: usize, num_gpu_blocks: u32, speedup: f64) -> Vec<Repl
     out
 }
 
+/// The messages of a distinct ~4k-token conversation (`i` picks it), so
+/// that no prefix cache can help.
+pub fn long_chat(i: usize) -> serde_json::Value {
+    let words = ["alpha", "kernel", "cache", "route", "token", "stream", "replica", "prefix"];
+    let mut text = String::new();
+    let mut x = i as u64 * 2654435761 + 1;
+    while text.len() < 24_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        text.push_str(words[(x % 8) as usize]);
+        text.push_str(if x.is_multiple_of(11) { ".\n" } else { " " });
+    }
+    serde_json::json!([
+        {"role": "system", "content": format!("Session {i}. You are a careful assistant.")},
+        {"role": "user", "content": text},
+    ])
+}
+
 /// CPU seconds of every thread of `pid`, from `schedstat` (nanoseconds).
+/// Exact only while the threads wait: a running thread's figure lags by up
+/// to a scheduler tick.
 pub fn cpu_seconds(pid: u32) -> f64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
     tasks
