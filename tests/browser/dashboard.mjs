@@ -167,6 +167,8 @@ async function pageState(page) {
       ttftPaths: [...document.querySelectorAll('#ttft-chart path')].map((p) => p.dataset.series),
       rpsText: q('#fleet-rps').textContent,
       predicted: q('#fleet-predicted-hit').textContent,
+      poolsHidden: q('#pools').hidden,
+      poolLabels: cards.map((c) => c.querySelector('[data-field="pool"]').textContent),
       decisions: rows.map((r) => ({ booking: r.dataset.booking, text: r.textContent })),
     };
   });
@@ -210,6 +212,7 @@ async function browserChecks(admin) {
     log(`page: ${b.frames} frames, ${b.cards.length} cards, ${b.decisions.length} decisions, ${b.rpsText}, predicted hit ${b.predicted}`);
     check(b.cards.length === 4, `four replica cards (got ${b.cards.length})`);
     check(b.cards.every((c) => c.health === 'healthy'), 'every replica healthy');
+    check(b.poolsHidden && b.poolLabels.every((t) => t === ''), 'one model: no pool table, no pool labels');
     check(b.cards.some((c) => /^[1-9][\d,]* \/ [\d,]+ blocks/.test(c.gpu)), `GPU KV occupancy shown (${b.cards[0]?.gpu})`);
     check(b.frames > a.frames, `frames keep arriving (${a.frames} → ${b.frames})`);
     check(/req\/s$/.test(b.rpsText) && !/^0(\.0)? /.test(b.rpsText), `requests/s is live (${b.rpsText})`);

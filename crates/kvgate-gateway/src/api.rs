@@ -13,14 +13,13 @@ use axum::Json;
 use kvgate_openai::ErrorResponse;
 use serde_json::{json, Value};
 
-use kvgate_tokenize::service::TokenizeService;
 use tokio::sync::watch;
 
-use crate::config::ModelConfig;
 use crate::fleet_handle::FleetHandle;
 use crate::fleet_view::FleetView;
 use crate::forward::{forward, Forwarder};
 use crate::metrics::Metrics;
+use crate::pool::Pools;
 use crate::prepare::{self, Preparer};
 use crate::request_error::{Reason, RequestError};
 use crate::response::{answer, error_response};
@@ -29,17 +28,16 @@ use crate::shed::Admitted;
 
 /// What the client-facing handlers use, built once by the wiring: the
 /// request path's stages (`preparer`, `forwarder`), the shutdown flag for
-/// readiness (shedding is the layer in `shed.rs`), the model's settings, the tokenizer for
-/// `/tokenize`, the fleet for readiness and adapters, and the snapshot and
-/// metrics for `/metrics`.
+/// readiness (shedding is the layer in `shed.rs`), the pools (models and
+/// tokenizers for `/v1/models` and `/tokenize`), the fleet for readiness
+/// and adapters, and the snapshot and metrics for `/metrics`.
 #[derive(Debug)]
 pub(crate) struct ApiContext {
-    pub(crate) model: ModelConfig,
+    pub(crate) pools: Arc<Pools>,
     /// Set on shutdown: readiness says no.
     pub(crate) closing: watch::Receiver<bool>,
     pub(crate) preparer: Preparer,
     pub(crate) forwarder: Forwarder,
-    pub(crate) tokenizer: Arc<TokenizeService>,
     pub(crate) fleet: Arc<FleetHandle>,
     pub(crate) view: Arc<FleetView>,
     pub(crate) metrics: Arc<Metrics>,
@@ -100,27 +98,37 @@ async fn generate(
     }
 }
 
-/// The served model, then each LoRA adapter with the model as its parent,
-/// as vLLM lists them.
+/// Every pool's model (its served name, then its aliases), then each of
+/// its LoRA adapters with the model as its parent, as vLLM lists them.
 pub(crate) async fn models(State(s): S) -> Json<Value> {
-    let model = &s.model;
     let created = unix_now();
-    let card = |id: &str, parent: Option<&str>| {
-        json!({
-            "id": id,
-            "object": "model",
-            "created": created,
-            "owned_by": "kvgate",
-            "root": id,
-            "parent": parent,
-            "max_model_len": model.max_model_len,
-            "permission": [],
-        })
-    };
-    let base = std::iter::once(card(&model.served_name, None));
-    let served = s.fleet.adapters(&model.lora_adapters);
-    let adapters = served.iter().map(|a| card(a, Some(&model.served_name)));
-    Json(json!({ "object": "list", "data": base.chain(adapters).collect::<Vec<_>>() }))
+    let mut data = Vec::new();
+    for pool in s.pools.all() {
+        let model = &pool.model;
+        let card = |id: &str, parent: Option<&str>| {
+            json!({
+                "id": id,
+                "object": "model",
+                "created": created,
+                "owned_by": "kvgate",
+                "root": parent.map_or(model.served_name.as_str(), |_| id),
+                "parent": parent,
+                "max_model_len": model.max_model_len,
+                "permission": [],
+            })
+        };
+        let names = std::iter::once(&model.served_name).chain(&model.aliases);
+        data.extend(names.map(|n| card(n, None)));
+        // Served ones, then those kvgate would load on first use (a client
+        // may name them now).
+        let mut adapters = s.fleet.adapters(pool.id, &model.lora_adapters);
+        let mut loadable: Vec<&String> =
+            pool.loadable.keys().filter(|a| !adapters.contains(a)).collect();
+        loadable.sort();
+        adapters.extend(loadable.into_iter().cloned());
+        data.extend(adapters.iter().map(|a| card(a, Some(&model.served_name))));
+    }
+    Json(json!({ "object": "list", "data": data }))
 }
 
 fn bad(msg: impl Into<String>) -> Response {
@@ -133,21 +141,15 @@ pub(crate) async fn tokenize(State(s): S, body: Bytes) -> Response {
     let Ok(value) = serde_json::from_slice::<Value>(&body) else {
         return bad("the body is not valid JSON");
     };
-    if let Some(m) = value.get("model").and_then(Value::as_str) {
-        let model = &s.model;
-        let adapter =
-            model.lora_adapters.iter().any(|a| a == m) || s.fleet.engine_serves_adapter(m);
-        if m != model.served_name && !adapter {
-            return error_response(&ErrorResponse::not_found(format!(
-                "The model `{m}` does not exist."
-            )));
-        }
-    }
-    let tokens = s.tokenizer.encode_tokenize_body(value).await;
+    let pool = match s.pools.resolve(value.get("model").and_then(Value::as_str), &s.fleet) {
+        Ok(m) => m.pool,
+        Err(e) => return error_response(&e),
+    };
+    let tokens = pool.tokenizer.encode_tokenize_body(value).await;
     match tokens {
         Ok(tokens) => Json(json!({
             "count": tokens.len(),
-            "max_model_len": s.model.max_model_len,
+            "max_model_len": pool.model.max_model_len,
             "tokens": tokens,
             "token_strs": null,
         }))
@@ -161,7 +163,11 @@ pub(crate) async fn detokenize(State(s): S, body: Bytes) -> Response {
     let Ok(value) = serde_json::from_slice::<Value>(&body) else {
         return bad("the body is not valid JSON");
     };
-    match s.tokenizer.decode_detokenize_body(&value) {
+    let pool = match s.pools.resolve(value.get("model").and_then(Value::as_str), &s.fleet) {
+        Ok(m) => m.pool,
+        Err(e) => return error_response(&e),
+    };
+    match pool.tokenizer.decode_detokenize_body(&value) {
         Ok(prompt) => Json(json!({"prompt": prompt})).into_response(),
         Err(e) => bad(e.to_string()),
     }

@@ -55,7 +55,12 @@ pub(crate) fn explanation_json(replicas: &Directory, e: &Explanation, now: Insta
 /// The last `limit` decisions as JSON, newest first (`/admin/decisions` and
 /// the dashboard).
 pub(crate) fn recent_decisions_json(view: &FleetView, limit: usize, now: Instant) -> Vec<Value> {
-    let recent: Vec<_> =
-        view.fleet.with(|f| f.router().recent_decisions().rev().take(limit).cloned().collect());
+    // Every pool's log, merged newest first.
+    let mut recent: Vec<_> = view.fleet.with(|f| {
+        let logs = f.routers().iter();
+        logs.flat_map(|r| r.recent_decisions().rev().take(limit).cloned()).collect()
+    });
+    recent.sort_by_key(|e| std::cmp::Reverse(e.at));
+    recent.truncate(limit);
     recent.iter().map(|e| explanation_json(&view.replicas, e, now)).collect()
 }

@@ -56,7 +56,7 @@ fn authority(ip: IpAddr, port: u16) -> String {
     SocketAddr::new(ip, port).to_string()
 }
 
-fn replica_config(d: &DiscoveryConfig, ip: IpAddr) -> ReplicaConfig {
+fn replica_config(d: &DiscoveryConfig, pool: &str, ip: IpAddr) -> ReplicaConfig {
     let mut r = ReplicaConfig::new(format!("{}://{}", d.scheme, authority(ip, d.http_port)));
     r.name = Some(authority(ip, d.http_port));
     r.events = Some(format!("tcp://{}", authority(ip, d.events_port)));
@@ -64,13 +64,16 @@ fn replica_config(d: &DiscoveryConfig, ip: IpAddr) -> ReplicaConfig {
     r.topic = d.topic.clone();
     r.api_key = d.api_key.clone();
     r.block_size = d.block_size;
+    r.pool = Some(pool.to_owned());
     r
 }
 
-/// Runs discovery with `d` (`[discovery]`) until `stop`; replicas come and
-/// go through `registry`, the only handle discovery needs.
+/// Runs discovery with `d` (a pool's `discovery`) until `stop`; replicas
+/// come and go in `pool` through `registry`, the only handle discovery
+/// needs.
 pub(crate) async fn run(
     d: DiscoveryConfig,
+    pool: String,
     registry: Arc<Registry>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -103,7 +106,7 @@ pub(crate) async fn run(
         let now = Instant::now();
         for name in &p.add {
             let Some(&ip) = ips.get(name) else { continue };
-            match registry.add(replica_config(&d, ip)) {
+            match registry.add(replica_config(&d, &pool, ip)) {
                 Ok(_) => {
                     discovered.insert(name.clone());
                     tracing::info!(replica = %name, %dns, "engine discovered");

@@ -13,20 +13,38 @@
 //! no new requests while its own finish.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kvgate_events::Batch;
-use kvgate_index::{Index, ReplicaId, ReplicaSpec, SpentTable};
-use kvgate_router::{Decision, EngineReport, Health, ReplicaInfo, RouteRequest, Router};
+use kvgate_index::{BlockKey, Index, ReplicaId, ReplicaSpec, SpentTable};
+use kvgate_router::{
+    Booking, Decision, EngineReport, Health, LedgerChange, Outcome, PeerId, RejectReason,
+    ReplicaInfo, RouteRequest, Router,
+};
 
 use crate::replica_status::{Failure, ReplicaStatus};
 use crate::scrape::EngineScrape;
 use crate::settings::HealthRules;
 
+/// A model pool's index into the fleet's routers (`pool.rs` names them).
+pub(crate) type PoolId = usize;
+
+/// Booking ids carry their pool above this bit: each pool's router books
+/// from its own range, so a booking (or a peer's change naming one) finds
+/// its router by its id alone, even after its replica is gone.
+const POOL_ID_SHIFT: u32 = 48;
+
+/// The pool whose router made booking `id`.
+fn pool_of_booking(id: u64) -> PoolId {
+    (id >> POOL_ID_SHIFT) as PoolId
+}
+
 /// One replica as the fleet tracks it.
 #[derive(Debug)]
 struct Tracked {
     name: String,
+    /// The pool it serves: its router is `routers[pool]`.
+    pool: PoolId,
     block_size: u32,
     /// It has a KV event stream (readiness waits for its first sync).
     has_events: bool,
@@ -57,27 +75,139 @@ impl Readiness {
 #[derive(Debug)]
 pub(crate) struct Fleet {
     index: Index,
-    router: Router,
+    /// One router per model pool: its own ledger, calibration and
+    /// settings. The index is shared: its views are per replica, and a
+    /// replica serves one pool.
+    routers: Vec<Router>,
     replicas: BTreeMap<ReplicaId, Tracked>,
     rules: HealthRules,
 }
 
 impl Fleet {
-    pub(crate) fn new(router: Router, rules: HealthRules) -> Fleet {
-        Fleet { index: Index::new(), router, replicas: BTreeMap::new(), rules }
+    /// A fleet of `routers.len()` pools (at least one), in pool order.
+    pub(crate) fn new(mut routers: Vec<Router>, rules: HealthRules) -> Fleet {
+        for (pool, r) in routers.iter_mut().enumerate() {
+            r.set_booking_id_base((pool as u64) << POOL_ID_SHIFT);
+        }
+        Fleet { index: Index::new(), routers, replicas: BTreeMap::new(), rules }
     }
 
     pub(crate) fn index(&self) -> &Index {
         &self.index
     }
 
-    pub(crate) fn router(&self) -> &Router {
-        &self.router
+    /// Every pool's router, in pool order.
+    pub(crate) fn routers(&self) -> &[Router] {
+        &self.routers
     }
 
-    /// The router, for what only it knows (peers' ledger sharing).
-    pub(crate) fn router_mut(&mut self) -> &mut Router {
-        &mut self.router
+    /// The first pool's router (the only one without `[[pools]]`).
+    #[cfg(test)]
+    pub(crate) fn router(&self) -> &Router {
+        &self.routers[0]
+    }
+
+    /// The router of `id`'s pool.
+    pub(crate) fn router_of(&self, id: ReplicaId) -> Option<&Router> {
+        self.routers.get(self.replicas.get(&id)?.pool)
+    }
+
+    fn router_of_mut(&mut self, id: ReplicaId) -> Option<&mut Router> {
+        self.routers.get_mut(self.replicas.get(&id)?.pool)
+    }
+
+    /// The pool `id` serves.
+    pub(crate) fn pool_of(&self, id: ReplicaId) -> Option<PoolId> {
+        self.replicas.get(&id).map(|t| t.pool)
+    }
+
+    /// The router that made `booking`.
+    fn booking_router(&mut self, booking: &Booking) -> Option<&mut Router> {
+        self.routers.get_mut(pool_of_booking(booking.id()))
+    }
+
+    /// `booking`'s first token arrived; its TTFT when it was pending.
+    pub(crate) fn first_token(&mut self, booking: Booking, now: Instant) -> Option<Duration> {
+        self.booking_router(&booking)?.first_token(booking, now)
+    }
+
+    /// `booking`'s first token is presumed, not observed.
+    pub(crate) fn first_token_unmeasured(&mut self, booking: Booking, now: Instant) {
+        if let Some(r) = self.booking_router(&booking) {
+            r.first_token_unmeasured(booking, now);
+        }
+    }
+
+    /// `booking`'s request ended with `outcome`.
+    pub(crate) fn finish(&mut self, booking: Booking, outcome: Outcome) {
+        if let Some(r) = self.booking_router(&booking) {
+            r.finish(booking, outcome);
+        }
+    }
+
+    /// `booking`'s request was dropped without an outcome.
+    pub(crate) fn abandon(&mut self, booking: Booking) {
+        if let Some(r) = self.booking_router(&booking) {
+            r.abandon(booking);
+        }
+    }
+
+    /// Every router's bookings in flight.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.routers.iter().map(Router::in_flight).sum()
+    }
+
+    /// Peers: every router keeps the changes peers need.
+    pub(crate) fn share_with_peers(&mut self) {
+        for r in &mut self.routers {
+            r.share_with_peers(true);
+        }
+    }
+
+    /// Peers: every router's ledger and tentative changes since the last
+    /// call; returns the changes dropped because nobody drained them.
+    pub(crate) fn drain_peer_changes(
+        &mut self,
+        changes: &mut Vec<LedgerChange>,
+        tentative: &mut Vec<(ReplicaId, Vec<BlockKey>)>,
+    ) -> u64 {
+        let mut dropped = 0;
+        for r in &mut self.routers {
+            dropped += r.drain_ledger_changes(changes) + r.drain_tentative_changes(tentative);
+        }
+        dropped
+    }
+
+    /// Peers: one change a peer made, applied by the router it concerns (a
+    /// booking by its replica's pool; its later news by the pool in its id,
+    /// the same on every instance of one configuration).
+    pub(crate) fn apply_peer(&mut self, peer: PeerId, change: &LedgerChange, now: Instant) {
+        let router = match *change {
+            LedgerChange::Book { replica, .. } => self.router_of_mut(replica),
+            LedgerChange::FirstToken { id } | LedgerChange::Finish { id } => {
+                self.routers.get_mut(pool_of_booking(id))
+            }
+        };
+        if let Some(r) = router {
+            r.apply_peer(peer, change, now);
+        }
+    }
+
+    /// Peers: blocks a peer routed to `replica` and expects to be cached.
+    pub(crate) fn apply_peer_tentative(
+        &mut self,
+        replica: ReplicaId,
+        keys: &[BlockKey],
+        now: Instant,
+    ) {
+        if let Some(r) = self.router_of_mut(replica) {
+            r.apply_peer_tentative(replica, keys, now);
+        }
+    }
+
+    /// Peers: a peer went silent; its bookings are released everywhere.
+    pub(crate) fn forget_peer(&mut self, peer: PeerId) -> usize {
+        self.routers.iter_mut().map(|r| r.forget_peer(peer)).sum()
     }
 
     pub(crate) fn status(&self, id: ReplicaId) -> Option<&ReplicaStatus> {
@@ -93,15 +223,20 @@ impl Fleet {
         dp_rank: u32,
         block_size: u32,
         has_events: bool,
+        pool: PoolId,
     ) -> Result<ReplicaId, String> {
+        if pool >= self.routers.len() {
+            return Err(format!("no pool #{pool}"));
+        }
         let mut spec = ReplicaSpec::new(name, dp_rank, block_size);
         spec.capacity_blocks = [Some(self.rules.index_bound); 3];
         let id = self.index.add_replica(spec).map_err(|e| e.to_string())?;
-        if let Err(e) = self.router.add_replica(id, ReplicaInfo::new(name, block_size)) {
+        let router = &mut self.routers[pool];
+        if let Err(e) = router.add_replica(id, ReplicaInfo::new(name, block_size)) {
             let _ = self.index.remove_replica(id);
             return Err(e.to_string());
         }
-        let _ = self.router.set_health(id, Health::Down);
+        let _ = router.set_health(id, Health::Down);
         let mut status = ReplicaStatus::default();
         if !has_events {
             status.problem(
@@ -109,7 +244,7 @@ impl Fleet {
                 "no KV event stream configured (events=tcp://…): routed by load only".into(),
             );
         }
-        let tracked = Tracked { name: name.to_owned(), block_size, has_events, status };
+        let tracked = Tracked { name: name.to_owned(), pool, block_size, has_events, status };
         self.replicas.insert(id, tracked);
         Ok(id)
     }
@@ -117,23 +252,33 @@ impl Fleet {
     /// Forgets a replica: its bookings are released, its index entries
     /// dropped.
     pub(crate) fn remove(&mut self, id: ReplicaId) {
-        let _ = self.router.remove_replica(id);
+        if let Some(r) = self.router_of_mut(id) {
+            let _ = r.remove_replica(id);
+        }
         let _ = self.index.remove_replica(id);
         self.replicas.remove(&id);
     }
 
     /// One routing decision (bookings included: a `Routed` carries its
     /// booking, which the shell's `HeldBooking` finishes or abandons).
-    pub(crate) fn route(&mut self, req: &RouteRequest<'_>, now: Instant) -> Decision {
-        self.router.decide(req, &self.index, now)
+    /// A pool that does not exist has no replica.
+    pub(crate) fn route(&mut self, pool: PoolId, req: &RouteRequest<'_>, now: Instant) -> Decision {
+        match self.routers.get_mut(pool) {
+            Some(r) => r.decide(req, &self.index, now),
+            None => Decision::Reject {
+                reason: RejectReason::NoReplica,
+                retry_after: Duration::from_secs(1),
+            },
+        }
     }
 
     /// Pushes `id`'s health to the router when it changed.
     fn sync(&mut self, id: ReplicaId, now: Instant) {
         let Some(t) = self.replicas.get(&id) else { return };
         let h = t.status.health(now);
-        if self.router.replica(id).is_some_and(|(_, cur)| cur != h) {
-            let _ = self.router.set_health(id, h);
+        let Some(router) = self.routers.get_mut(t.pool) else { return };
+        if router.replica(id).is_some_and(|(_, cur)| cur != h) {
+            let _ = router.set_health(id, h);
             tracing::info!(replica = %t.name, health = h.name(), "replica health changed");
         }
     }
@@ -186,17 +331,22 @@ impl Fleet {
             at: now,
         };
         let mut resized = None;
-        if let (Some(cap), Some((info, _))) = (e.num_gpu_blocks, self.router.replica(id)) {
+        let Some(router) = self.router_of_mut(id) else { return 0 };
+        if let (Some(cap), Some((info, _))) = (e.num_gpu_blocks, router.replica(id)) {
             let cpu = e.num_cpu_blocks.unwrap_or(0);
             if info.capacity_blocks[0] != cap || info.capacity_blocks[1] != cpu {
                 let mut info = info.clone();
                 info.capacity_blocks[0] = cap;
                 info.capacity_blocks[1] = cpu;
-                let _ = self.router.update_info(id, info);
+                let _ = router.update_info(id, info);
                 resized = Some((cap, cpu));
             }
         }
-        let _ = self.router.report(id, report);
+        let _ = router.report(id, report);
+        if let Some(lora) = &e.lora {
+            let names: Vec<&str> = lora.adapters.iter().map(String::as_str).collect();
+            let _ = router.report_adapters(id, lora.max_loras, &names);
+        }
         // The index's memory bound follows the engine's real size. A CPU
         // tier the engine does not report (0: offloading connectors count
         // their blocks elsewhere) keeps the configured bound.
@@ -244,8 +394,8 @@ impl Fleet {
 
     /// Whether `id` has no request in flight (none booked).
     pub(crate) fn idle(&self, id: ReplicaId) -> bool {
-        self.router
-            .load(id)
+        self.router_of(id)
+            .and_then(|r| r.load(id))
             .is_none_or(|v| v.load.prefill_requests == 0 && v.load.decoding_requests == 0)
     }
 
@@ -261,11 +411,11 @@ impl Fleet {
         true
     }
 
-    /// Every adapter served: `declared` (every replica serves those), then
-    /// those the engines list, each once.
-    pub(crate) fn adapters(&self, declared: &[String]) -> Vec<String> {
+    /// Every adapter `pool` serves: `declared` (every replica of it serves
+    /// those), then those its engines list, each once.
+    pub(crate) fn adapters(&self, pool: PoolId, declared: &[String]) -> Vec<String> {
         let mut all = declared.to_vec();
-        for t in self.replicas.values() {
+        for t in self.replicas.values().filter(|t| t.pool == pool) {
             for a in &t.status.adapters {
                 if !all.contains(a) {
                     all.push(a.clone());
@@ -275,11 +425,12 @@ impl Fleet {
         all
     }
 
-    /// The replicas that do not serve `adapter`: none for a base-model
-    /// request or a declared adapter; for an adapter learnt from the
-    /// engines, every replica whose engine does not list it.
+    /// The replicas of `pool` that do not serve `adapter`: none for a
+    /// base-model request or a declared adapter; for an adapter learnt from
+    /// the engines, every replica whose engine does not list it.
     pub(crate) fn without_adapter(
         &self,
+        pool: PoolId,
         adapter: Option<&str>,
         declared: &[String],
     ) -> Vec<ReplicaId> {
@@ -289,14 +440,37 @@ impl Fleet {
         }
         self.replicas
             .iter()
-            .filter(|(_, t)| !t.status.adapters.iter().any(|a| a == adapter))
+            .filter(|(_, t)| t.pool == pool && !t.status.adapters.iter().any(|a| a == adapter))
             .map(|(&id, _)| id)
             .collect()
     }
 
-    /// Whether some replica's engine lists `model` as an adapter.
-    pub(crate) fn engine_serves_adapter(&self, model: &str) -> bool {
-        self.replicas.values().any(|t| t.status.adapters.iter().any(|a| a == model))
+    /// Where a runtime adapter load in `pool` goes (`adapter_load.rs`).
+    pub(crate) fn load_target(&self, pool: PoolId, now: Instant) -> Option<ReplicaId> {
+        let router = self.routers.get(pool)?;
+        let candidates = self.replicas.iter().filter(|(_, t)| t.pool == pool).map(|(&id, t)| {
+            let in_flight = router.load(id).map_or(0, |v| v.load.requests());
+            (id, t.status.health(now), t.status.adapters.len(), in_flight)
+        });
+        pick_target(candidates)
+    }
+
+    /// `id`'s engine now serves `adapter` (a runtime load succeeded; the
+    /// next `/v1/models` refresh confirms it).
+    pub(crate) fn add_adapter(&mut self, id: ReplicaId, adapter: &str) {
+        if let Some(t) = self.replicas.get_mut(&id) {
+            if !t.status.adapters.iter().any(|a| a == adapter) {
+                t.status.adapters.push(adapter.to_owned());
+            }
+        }
+    }
+
+    /// The pool of a replica whose engine lists `model` as an adapter.
+    pub(crate) fn adapter_pool(&self, model: &str) -> Option<PoolId> {
+        self.replicas
+            .values()
+            .find(|t| t.status.adapters.iter().any(|a| a == model))
+            .map(|t| t.pool)
     }
 
     /// Applies one event batch of `id`'s.
@@ -361,7 +535,9 @@ impl Fleet {
     /// replicas out of rotation too long are purged, degraded windows that
     /// ended end.
     pub(crate) fn tick(&mut self, now: Instant) {
-        self.router.maintain(now, Some(&self.index));
+        for r in &mut self.routers {
+            r.maintain(now, Some(&self.index));
+        }
         let ids: Vec<ReplicaId> = self.replicas.keys().copied().collect();
         for id in ids {
             self.purge_if_due(id, now);
@@ -413,6 +589,18 @@ impl Fleet {
         }
         r
     }
+}
+
+/// The replica of a pool a runtime load goes to, among `(id, health,
+/// adapters registered, requests in flight)`.
+fn pick_target(
+    candidates: impl IntoIterator<Item = (ReplicaId, Health, usize, u32)>,
+) -> Option<ReplicaId> {
+    candidates
+        .into_iter()
+        .filter(|c| c.1 == Health::Healthy)
+        .min_by_key(|c| (c.2, c.3, c.0))
+        .map(|c| c.0)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use kvgate_index::ReplicaId;
 use kvgate_router::{Booking, Decision, Outcome, RouteRequest};
 
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, PoolId};
 use crate::locks::lock;
 use crate::replica_status::Failure;
 
@@ -30,49 +30,51 @@ impl FleetHandle {
         f(&mut lock(&self.fleet))
     }
 
-    /// One routing decision ([`Fleet::route`]).
-    pub(crate) fn route(&self, req: &RouteRequest<'_>, now: Instant) -> Decision {
-        self.with(|f| f.route(req, now))
+    /// One routing decision in `pool` ([`Fleet::route`]).
+    pub(crate) fn route(&self, pool: PoolId, req: &RouteRequest<'_>, now: Instant) -> Decision {
+        self.with(|f| f.route(pool, req, now))
     }
 
     /// `booking`'s first token arrived ([`Router::first_token`](kvgate_router::Router::first_token)).
     pub(crate) fn first_token(&self, booking: Booking, now: Instant) -> Option<Duration> {
-        self.with(|f| f.router_mut().first_token(booking, now))
+        self.with(|f| f.first_token(booking, now))
     }
 
     /// `booking`'s first token is presumed, not observed.
     pub(crate) fn first_token_unmeasured(&self, booking: Booking, now: Instant) {
-        self.with(|f| f.router_mut().first_token_unmeasured(booking, now));
+        self.with(|f| f.first_token_unmeasured(booking, now));
     }
 
     /// `booking`'s request ended with `outcome`.
     pub(crate) fn finish(&self, booking: Booking, outcome: Outcome) {
-        self.with(|f| f.router_mut().finish(booking, outcome));
+        self.with(|f| f.finish(booking, outcome));
     }
 
     /// `booking`'s request was dropped without an outcome.
     pub(crate) fn abandon(&self, booking: Booking) {
-        self.with(|f| f.router_mut().abandon(booking));
+        self.with(|f| f.abandon(booking));
     }
 
-    /// Whether some replica's engine lists `model` as an adapter.
-    pub(crate) fn engine_serves_adapter(&self, model: &str) -> bool {
-        self.with(|f| f.engine_serves_adapter(model))
+    /// The pool of a replica whose engine lists `model` as an adapter.
+    pub(crate) fn adapter_pool(&self, model: &str) -> Option<PoolId> {
+        self.with(|f| f.adapter_pool(model))
     }
 
-    /// Every LoRA adapter served: `declared` (the fleet-wide ones), then
-    /// those the engines list, each once ([`Fleet::adapters`]).
-    pub(crate) fn adapters(&self, declared: &[String]) -> Vec<String> {
-        self.with(|f| f.adapters(declared))
+    /// Every LoRA adapter `pool` serves: `declared` (the pool-wide ones),
+    /// then those its engines list, each once ([`Fleet::adapters`]).
+    pub(crate) fn adapters(&self, pool: PoolId, declared: &[String]) -> Vec<String> {
+        self.with(|f| f.adapters(pool, declared))
     }
 
-    /// The replicas that do not serve `adapter` ([`Fleet::without_adapter`]).
+    /// The replicas of `pool` that do not serve `adapter`
+    /// ([`Fleet::without_adapter`]).
     pub(crate) fn without_adapter(
         &self,
+        pool: PoolId,
         adapter: Option<&str>,
         declared: &[String],
     ) -> Vec<ReplicaId> {
-        self.with(|f| f.without_adapter(adapter, declared))
+        self.with(|f| f.without_adapter(pool, adapter, declared))
     }
 
     /// A request or probe to `id` failed ([`Fleet::failed`]).

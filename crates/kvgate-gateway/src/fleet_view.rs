@@ -10,13 +10,15 @@ use std::time::Instant;
 
 use kvgate_index::Tier;
 
-use crate::admission::Admission;
 use crate::directory::Directory;
 use crate::fleet::Fleet;
 use crate::fleet_handle::FleetHandle;
 use crate::peer_state::Peers;
+use crate::pool::Pools;
 use crate::replica::Replica;
-use crate::snapshot::{FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, ReplicaSnapshot};
+use crate::snapshot::{
+    FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, PoolSnapshot, ReplicaSnapshot,
+};
 
 /// The handles a snapshot reads (the decision log is in `fleet`).
 #[derive(Debug)]
@@ -24,7 +26,8 @@ pub(crate) struct FleetView {
     pub(crate) fleet: Arc<FleetHandle>,
     pub(crate) replicas: Arc<Directory>,
     pub(crate) peers: Arc<Peers>,
-    pub(crate) admission: Arc<Admission>,
+    /// Each pool's name and admission queue.
+    pub(crate) pools: Arc<Pools>,
     /// When the gateway started (`uptime_s`).
     pub(crate) started: Instant,
 }
@@ -45,14 +48,11 @@ impl FleetView {
         peer_targets: Vec<PeerTargetSnapshot>,
         now: Instant,
     ) -> FleetSnapshot {
-        let (index, router) = (fleet.index(), fleet.router());
+        let index = fleet.index();
         let mut out = FleetSnapshot {
             index_bytes: index.bytes_used(),
             index_distinct_keys: index.distinct_keys(),
-            ledger: router.ledger_totals(),
-            in_flight: router.in_flight() as u64,
-            admission_waiting: self.admission.len() as u64,
-            tentative: router.tentative_stats(),
+            in_flight: fleet.in_flight() as u64,
             cpu_seconds: crate::metrics::process_cpu_seconds(),
             uptime_s: now.saturating_duration_since(self.started).as_secs_f64(),
             peer_outbox_dropped: self.peers.outbox_dropped.load(Ordering::Relaxed),
@@ -60,9 +60,32 @@ impl FleetView {
             ..FleetSnapshot::default()
         };
         (out.peers, out.peer_targets) = (peers, peer_targets);
-        let m = router.metrics();
-        out.decisions = [&m.routed, &m.waits, &m.rejected].map(|c| c.load(Ordering::Relaxed));
+        for (router, pool) in fleet.routers().iter().zip(self.pools.all()) {
+            let m = router.metrics();
+            let decisions = [&m.routed, &m.waits, &m.rejected].map(|c| c.load(Ordering::Relaxed));
+            let ledger = router.ledger_totals();
+            let tentative = router.tentative_stats();
+            let waiting = pool.admission.len() as u64;
+            out.ledger += ledger;
+            out.tentative += tentative;
+            out.admission_waiting += waiting;
+            for (total, d) in out.decisions.iter_mut().zip(decisions) {
+                *total += d;
+            }
+            out.pools.push(PoolSnapshot {
+                name: pool.name.clone(),
+                model: pool.model.served_name.clone(),
+                in_flight: router.in_flight() as u64,
+                admission_waiting: waiting,
+                decisions,
+                adapter_loads: m.adapter_loads.load(Ordering::Relaxed),
+                adapter_runtime_loads: [&pool.loads.loaded, &pool.loads.failed]
+                    .map(|c| c.load(Ordering::Relaxed)),
+            });
+        }
         for r in replicas {
+            let Some(router) = fleet.router_of(r.id) else { continue };
+            let pool = fleet.pool_of(r.id).and_then(|p| self.pools.get(p));
             let tiers = [Tier::Gpu, Tier::Cpu, Tier::Storage];
             let blocks = tiers.map(|t| index.blocks_held(r.id, t).unwrap_or(0));
             let (health, capacity) = router
@@ -76,6 +99,7 @@ impl FleetView {
             let reason = s.reason(now);
             out.replicas.push(ReplicaSnapshot {
                 name: r.name.clone(),
+                pool: pool.map_or_else(String::new, |p| p.name.clone()),
                 url: r.base.clone(),
                 health,
                 reason,

@@ -61,8 +61,11 @@ pub(crate) async fn forward(
 ) -> Response {
     let label = p.route.label();
     let fwd_headers = crate::auth::forwarded(client_headers);
-    let exclude = fwd.placer.without_adapter(p.adapter.as_deref());
-    let mut attempts = Attempts::new(&fwd.placer, exclude);
+    let exclude = match fwd.placer.not_serving(&p).await {
+        Ok(x) => x,
+        Err(e) => return answer(&fwd.metrics, label, "", &e),
+    };
+    let mut attempts = Attempts::new(&fwd.placer, p.pool, exclude);
     let max_retries = fwd.limits.max_retries;
     loop {
         let routed = match fwd.placer.place(&p, &mut attempts).await {

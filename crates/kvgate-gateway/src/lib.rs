@@ -10,6 +10,8 @@
 //!   auth middleware, graceful shutdown.
 //! - `api.rs`: generation entry points, models, tokenize, health, ready, metrics.
 //! - `prepare.rs`: parse, check, tokenize, block keys, passthrough bodies.
+//! - `pool.rs`, `pool_config.rs`: model pools (a request's `model` picks one;
+//!   each has its tokenizer, admission queue and router) and `[[pools]]`.
 //! - `forward.rs`: decide, send, retry before the first byte, whole responses;
 //!   `admission.rs`: the first-come queue of requests waiting for a replica.
 //! - `relay.rs`: SSE streaming with first-token detection and error tails.
@@ -38,6 +40,7 @@
 //! - `locks.rs`: poison-tolerant lock helpers; `upkeep.rs`: the router's
 //!   the fleet's clock (`Fleet::tick` at its next deadline).
 
+mod adapter_load;
 mod admin;
 mod admission;
 mod api;
@@ -62,14 +65,18 @@ mod fleet_view;
 mod forward;
 mod locks;
 mod metrics;
+mod model_config;
 mod monitor;
 mod peer_state;
 mod peers;
 mod placement;
+mod pool;
+mod pool_config;
 mod prepare;
 mod registry;
 mod relay;
 mod replica;
+mod replica_config;
 mod replica_status;
 mod request_error;
 mod response;
@@ -90,4 +97,6 @@ mod upkeep;
 pub use config::{GatewayConfig, Passthrough, ReplicaConfig};
 pub use error::{ConfigError, StartError};
 pub use server::Gateway;
-pub use snapshot::{FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, ReplicaSnapshot};
+pub use snapshot::{
+    FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, PoolSnapshot, ReplicaSnapshot,
+};

@@ -566,6 +566,62 @@ impl SnapshotCollector {
         )
     }
 
+    /// Per model pool: its decisions, load and adapter loads, and which
+    /// pool each replica serves (join the replica families on it).
+    fn encode_pools(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let pools = &self.0.pools;
+        let decisions = pools.iter().flat_map(|p| {
+            ["routed", "wait", "rejected"]
+                .into_iter()
+                .zip(p.decisions)
+                .map(|(outcome, v)| ([("pool", p.name.as_str()), ("outcome", outcome)], v))
+        });
+        counters(enc, "pool_decisions", "Routing decisions per model pool, by outcome", decisions)?;
+        let by_pool = |v: fn(&crate::snapshot::PoolSnapshot) -> u64| {
+            pools.iter().map(move |p| ([("pool", p.name.as_str())], v(p)))
+        };
+        gauges(
+            enc,
+            "pool_in_flight",
+            "Bookings in flight per pool",
+            None,
+            by_pool(|p| p.in_flight),
+        )?;
+        gauges(
+            enc,
+            "pool_admission_waiting",
+            "Requests waiting for a busy pool's replicas",
+            None,
+            by_pool(|p| p.admission_waiting),
+        )?;
+        counters(
+            enc,
+            "pool_adapter_loads",
+            "Requests routed to a replica whose GPU slots were not believed to hold their LoRA \
+             adapter",
+            by_pool(|p| p.adapter_loads),
+        )?;
+        let runtime = pools.iter().flat_map(|p| {
+            ["loaded", "failed"]
+                .into_iter()
+                .zip(p.adapter_runtime_loads)
+                .map(|(outcome, v)| ([("pool", p.name.as_str()), ("outcome", outcome)], v))
+        });
+        counters(
+            enc,
+            "pool_adapter_runtime_loads",
+            "LoRA adapters loaded onto an engine through its runtime API, by outcome",
+            runtime,
+        )?;
+        let info =
+            pools.iter().map(|p| ([("pool", p.name.as_str()), ("model", p.model.as_str())], 1u64));
+        gauges(enc, "pool_info", "1 per model pool, with the model it serves", None, info)?;
+        let replicas = self.0.replicas.iter();
+        let members =
+            replicas.map(|r| ([("replica", r.name.as_str()), ("pool", r.pool.as_str())], 1u64));
+        gauges(enc, "replica_pool", "1 per replica, labelled with its model pool", None, members)
+    }
+
     fn encode_replicas(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
         let replicas = &self.0.replicas;
         let health = replicas.iter().flat_map(|r| {
@@ -774,6 +830,7 @@ impl SnapshotCollector {
             .zip(s.decisions)
             .map(|(outcome, v)| ([("outcome", outcome)], v));
         counters(enc, "decisions", "Routing decisions, by outcome", decisions)?;
+        self.encode_pools(enc)?;
 
         let t = &s.tentative;
         let tentative = [
@@ -890,6 +947,7 @@ mod tests {
             ..replica("a")
         };
         let b = ReplicaSnapshot { health: "down", draining: true, ..replica("b") };
+        let a = ReplicaSnapshot { pool: "default".into(), ..a };
         FleetSnapshot {
             replicas: vec![a, b],
             index_bytes: 4096,
@@ -930,6 +988,15 @@ mod tests {
             }],
             peer_outbox_dropped: 0,
             peers_forgotten: 1,
+            pools: vec![crate::snapshot::PoolSnapshot {
+                name: "default".into(),
+                model: "m".into(),
+                in_flight: 8,
+                admission_waiting: 3,
+                decisions: [10, 2, 1],
+                adapter_loads: 4,
+                adapter_runtime_loads: [1, 0],
+            }],
         }
     }
 
@@ -1003,6 +1070,12 @@ mod tests {
                 "kvgate_ledger_late_updates_total 4",
                 "kvgate_ledger_in_flight 8",
                 "kvgate_admission_waiting 3",
+                "kvgate_pool_decisions_total{pool=\"default\",outcome=\"wait\"} 2",
+                "kvgate_pool_in_flight{pool=\"default\"} 8",
+                "kvgate_pool_adapter_loads_total{pool=\"default\"} 4",
+                "kvgate_pool_adapter_runtime_loads_total{pool=\"default\",outcome=\"loaded\"} 1",
+                "kvgate_pool_info{pool=\"default\",model=\"m\"} 1",
+                "kvgate_replica_pool{replica=\"a\",pool=\"default\"} 1",
                 r#"kvgate_decisions_total{outcome="routed"} 10"#,
                 r#"kvgate_decisions_total{outcome="wait"} 2"#,
                 r#"kvgate_decisions_total{outcome="rejected"} 1"#,

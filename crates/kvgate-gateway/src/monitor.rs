@@ -21,6 +21,9 @@ pub(crate) struct Prober {
     pub(crate) engines: Arc<dyn EngineClient>,
     pub(crate) fleet: Arc<FleetHandle>,
     pub(crate) timing: ProbeTiming,
+    /// The model the replica's pool serves: an engine whose `/v1/models`
+    /// does not list it is reported (it would answer 404).
+    pub(crate) model: String,
 }
 
 /// Probes `replica` until it is stopped.
@@ -57,9 +60,20 @@ async fn refresh_adapters(prober: &Prober, replica: &Replica) {
         tracing::debug!(replica = %replica.name, "/v1/models is not a model list");
         return;
     };
+    let serves = list.data.iter().any(|c| c.parent.is_none() && c.id == prober.model);
     let adapters: Vec<String> =
         list.data.into_iter().filter(|card| card.parent.is_some()).map(|card| card.id).collect();
-    prober.fleet.with(|f| f.set_adapters(replica.id, adapters));
+    prober.fleet.with(|f| {
+        f.set_adapters(replica.id, adapters);
+        if !serves {
+            let p = format!(
+                "its /v1/models does not list {:?}, the model of its pool (check the pool or \
+                 the engine's --served-model-name)",
+                prober.model
+            );
+            f.problem(replica.id, p);
+        }
+    });
 }
 
 /// One probe: `/health`, then `/metrics`.

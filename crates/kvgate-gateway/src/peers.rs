@@ -183,17 +183,14 @@ pub(crate) async fn receive(
             })
             .collect();
         unknown += s.fleet.with(|f| {
-            let router = f.router_mut();
             for (replica, keys) in tentative {
                 let keys: Vec<BlockKey> = keys.iter().map(|&k| BlockKey(k)).collect();
-                router.apply_peer_tentative(replica, &keys, now);
+                f.apply_peer_tentative(replica, &keys, now);
             }
             let mut unknown = 0;
             for c in changes {
                 match c {
-                    Some(c) => {
-                        router.apply_peer(peer, &c, now);
-                    }
+                    Some(c) => f.apply_peer(peer, &c, now),
                     None => unknown += 1,
                 }
             }
@@ -225,7 +222,7 @@ fn wire(replicas: &Directory, c: &LedgerChange) -> Option<WireChange> {
 /// target list current (static URLs plus `peers.dns`), until `stop`.
 pub(crate) async fn run(ctx: Arc<PeerContext>, mut stop: watch::Receiver<bool>) {
     let cfg = ctx.config.clone();
-    ctx.fleet.with(|f| f.router_mut().share_with_peers(true));
+    ctx.fleet.with(|f| f.share_with_peers());
     for u in &cfg.urls {
         add_target(&ctx, u.trim_end_matches('/'));
     }
@@ -251,11 +248,7 @@ pub(crate) async fn run(ctx: Arc<PeerContext>, mut stop: watch::Receiver<bool>) 
         }
         changes.clear();
         tentative.clear();
-        let dropped = ctx.fleet.with(|f| {
-            let router = f.router_mut();
-            router.drain_ledger_changes(&mut changes)
-                + router.drain_tentative_changes(&mut tentative)
-        });
+        let dropped = ctx.fleet.with(|f| f.drain_peer_changes(&mut changes, &mut tentative));
         ctx.peers.outbox_dropped.store(dropped, Ordering::Relaxed);
         if changes.is_empty() && tentative.is_empty() && now.duration_since(last_sent) < heartbeat {
             forget_silent(&ctx, now);
@@ -298,7 +291,7 @@ fn forget_silent(ctx: &PeerContext, now: Instant) {
         .collect();
     for (instance, id) in gone {
         lock(&ctx.peers.known).remove(&instance);
-        let released = ctx.fleet.with(|f| f.router_mut().forget_peer(id));
+        let released = ctx.fleet.with(|f| f.forget_peer(id));
         ctx.peers.forgotten.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(%instance, released, "peer silent too long: forgotten, its bookings released");
     }

@@ -13,22 +13,25 @@ use kvgate_index::ReplicaId;
 use kvgate_openai::ErrorResponse;
 use kvgate_router::{Decision, RejectReason, Routed};
 
+use crate::adapter_load::AdapterLoader;
 use crate::admission::{Admission, Ticket};
+use crate::fleet::PoolId;
 use crate::fleet_handle::FleetHandle;
 use crate::metrics::Metrics;
+use crate::pool::Pools;
 use crate::prepare::Prepared;
 use crate::request_error::{Reason, RequestError};
 
-/// What a placement uses: the fleet (the decision), the admission queue
-/// (waiting for a busy fleet in arrival order), the metrics (decision
-/// time), and the adapters every replica serves.
+/// What a placement uses: the fleet (the decision), the pools (each with
+/// its admission queue, for waiting on a busy pool in arrival order, and
+/// the adapters all its replicas serve), the metrics (decision time).
 #[derive(Debug)]
 pub(crate) struct Placer {
     pub(crate) fleet: Arc<FleetHandle>,
-    pub(crate) admission: Arc<Admission>,
+    pub(crate) pools: Arc<Pools>,
     pub(crate) metrics: Arc<Metrics>,
-    /// `model.lora_adapters`: adapters every replica serves.
-    pub(crate) lora_adapters: Vec<String>,
+    /// Runtime loads of adapters no replica serves yet.
+    pub(crate) loader: Arc<AdapterLoader>,
 }
 
 /// One request's placement across its attempts: the replicas it must not
@@ -41,6 +44,9 @@ pub(crate) struct Attempts {
     pub(crate) exclude: Vec<ReplicaId>,
     /// How many of `exclude` were excluded before any attempt.
     pub(crate) not_serving: usize,
+    /// The request's pool and its admission queue.
+    pool: PoolId,
+    admission: Arc<Admission>,
     /// When it first had to wait, if it did.
     queued_since: Option<Instant>,
     /// Its place in the admission queue, taken on arrival when others were
@@ -54,14 +60,15 @@ impl Attempts {
     /// A new request's attempts, excluding `exclude` from the start. When
     /// someone is already waiting for a replica, it queues behind them
     /// rather than take the next free one first (`admission.rs`).
-    pub(crate) fn new(placer: &Placer, exclude: Vec<ReplicaId>) -> Attempts {
+    pub(crate) fn new(placer: &Placer, pool: PoolId, exclude: Vec<ReplicaId>) -> Attempts {
+        let admission = placer.admission(pool);
         let mut queued_since = None;
-        let ticket = (!placer.admission.is_empty()).then(|| {
+        let ticket = (!admission.is_empty()).then(|| {
             queued_since = Some(Instant::now());
-            placer.admission.join()
+            admission.join()
         });
         let not_serving = exclude.len();
-        Attempts { exclude, not_serving, queued_since, ticket, last_error: None }
+        Attempts { exclude, not_serving, pool, admission, queued_since, ticket, last_error: None }
     }
 
     /// Replicas tried and failed so far.
@@ -74,8 +81,40 @@ impl Placer {
     /// The replicas that do not serve `adapter`: an adapter an engine listed
     /// (not one declared for the whole fleet) is served only by the replicas
     /// that list it.
-    pub(crate) fn without_adapter(&self, adapter: Option<&str>) -> Vec<ReplicaId> {
-        self.fleet.without_adapter(adapter, &self.lora_adapters)
+    pub(crate) fn without_adapter(&self, pool: PoolId, adapter: Option<&str>) -> Vec<ReplicaId> {
+        let declared = self.pools.get(pool).map_or(&[][..], |p| &p.model.lora_adapters[..]);
+        self.fleet.without_adapter(pool, adapter, declared)
+    }
+
+    /// The replicas of the request's pool that cannot serve it (as
+    /// [`Placer::without_adapter`]). An adapter the pool may load and no
+    /// replica serves is loaded first (`adapter_load.rs`); a failed load is
+    /// a 503 that says why.
+    pub(crate) async fn not_serving(&self, p: &Prepared) -> Result<Vec<ReplicaId>, RequestError> {
+        let exclude = self.without_adapter(p.pool, p.adapter.as_deref());
+        let (Some(adapter), Some(pool)) = (p.adapter.as_deref(), self.pools.get(p.pool)) else {
+            return Ok(exclude);
+        };
+        let Some(path) = pool.loadable.get(adapter) else { return Ok(exclude) };
+        if self.fleet.with(|f| f.adapter_pool(adapter)).is_some() {
+            return Ok(exclude);
+        }
+        match self.loader.ensure(p.pool, adapter, path, &pool.loads).await {
+            Ok(()) => Ok(self.without_adapter(p.pool, Some(adapter))),
+            Err(why) => Err(RequestError::new(
+                Reason::NoReplica,
+                ErrorResponse::unavailable(format!(
+                    "LoRA adapter {adapter} could not be loaded: {why}"
+                )),
+            )
+            .retry_after(std::time::Duration::from_secs(1))),
+        }
+    }
+
+    /// `pool`'s admission queue (a detached one for a pool that does not
+    /// exist, whose decisions are refusals anyway).
+    fn admission(&self, pool: PoolId) -> Arc<Admission> {
+        self.pools.get(pool).map_or_else(Arc::default, |p| Arc::clone(&p.admission))
     }
 
     /// Decides where `p` goes, waiting while every replica is busy (only the
@@ -89,10 +128,11 @@ impl Placer {
     ) -> Result<Routed, RequestError> {
         loop {
             if let Some(t) = &a.ticket {
-                self.admission.turn(t).await;
+                a.admission.turn(t).await;
             }
             let now = Instant::now();
-            let decision = self.fleet.route(&p.route_request(a.queued_since, &a.exclude), now);
+            let req = p.route_request(a.queued_since, &a.exclude);
+            let decision = self.fleet.route(a.pool, &req, now);
             self.metrics.decide_time(now.elapsed().as_secs_f64());
             if !matches!(decision, Decision::Wait { .. }) {
                 // Routed or refused: the next in line goes now.
@@ -103,11 +143,11 @@ impl Placer {
                 Decision::Wait { retry_after } => {
                     a.queued_since.get_or_insert(now);
                     if a.ticket.is_none() {
-                        a.ticket = Some(self.admission.join());
+                        a.ticket = Some(a.admission.join());
                     }
                     // Only the head of the queue gets here; the others wait
                     // in `turn` without asking the router.
-                    self.admission.pause(retry_after).await;
+                    a.admission.pause(retry_after).await;
                 }
                 Decision::Reject { reason, retry_after } => {
                     let e = match (reason, a.last_error.take()) {

@@ -10,21 +10,21 @@ use bytes::Bytes;
 use kvgate_index::{request_block_keys, BlockKey, ReplicaId};
 use kvgate_openai::{ChatCompletionRequest, CompletionRequest, ErrorResponse, Prompt};
 use kvgate_router::RouteRequest;
-use kvgate_tokenize::service::TokenizeService;
 use kvgate_tokenize::{ChatRequest, Endpoint, TokenizeError};
 
-use crate::config::{ModelConfig, Passthrough};
+use crate::config::Passthrough;
+use crate::fleet::PoolId;
 use crate::fleet_handle::FleetHandle;
 use crate::metrics::Metrics;
+use crate::pool::{Pool, Pools, Resolved};
 use crate::route::Route;
 
-/// What preparing a request needs: the tokenizer, the served model, the
-/// message limit, the fleet's block size, the metrics, and the fleet (only
-/// to ask which adapters its engines list).
+/// What preparing a request needs: the pools (each with its model and
+/// tokenizer), the message limit, the fleet's block size, the metrics, and
+/// the fleet (only to ask which adapters its engines list).
 #[derive(Debug)]
 pub(crate) struct Preparer {
-    pub(crate) tokenizer: Arc<TokenizeService>,
-    pub(crate) model: ModelConfig,
+    pub(crate) pools: Arc<Pools>,
     /// `limits.max_messages`.
     pub(crate) max_messages: usize,
     pub(crate) block_size: u32,
@@ -48,6 +48,8 @@ pub(crate) struct Prepared {
     pub(crate) max_output: Option<u32>,
     pub(crate) stream: bool,
     pub(crate) session_key: Option<String>,
+    /// The model pool it goes to.
+    pub(crate) pool: PoolId,
     /// The LoRA adapter the request names, if any.
     pub(crate) adapter: Option<String>,
     /// The client's body, byte for byte.
@@ -72,6 +74,7 @@ impl Prepared {
             approx_symbols: self.tokens.as_deref(),
             queued_since,
             exclude,
+            adapter: self.adapter.as_deref(),
         }
     }
 
@@ -101,22 +104,10 @@ fn bad(msg: impl Into<String>) -> Reject {
     Box::new(invalid(msg))
 }
 
-/// The LoRA adapter the request names, if any: one of `model.lora_adapters`,
-/// or one an engine lists in `/v1/models`. An unknown model is vLLM's 404.
-fn check_model<'a>(prep: &'a Preparer, model: Option<&'a str>) -> Result<Option<&'a str>, Reject> {
-    let served = &prep.model;
-    match model {
-        None => Ok(None),
-        Some(m) if m == served.served_name => Ok(None),
-        Some(m) => match served.lora_adapters.iter().find(|a| *a == m) {
-            Some(adapter) => Ok(Some(adapter.as_str())),
-            None if prep.fleet.engine_serves_adapter(m) => Ok(Some(m)),
-            None => {
-                let e = ErrorResponse::not_found(format!("The model `{m}` does not exist."));
-                Err(Box::new(e.with_param("model")))
-            }
-        },
-    }
+/// The pool and LoRA adapter the request's `model` names (`pool.rs`); an
+/// unknown model is vLLM's 404.
+fn check_model<'a>(prep: &'a Preparer, model: Option<&str>) -> Result<Resolved<'a>, Reject> {
+    prep.pools.resolve(model, &prep.fleet)
 }
 
 /// Characters vLLM 0.33 refuses in `cache_salt`, and its longest salt
@@ -147,15 +138,37 @@ fn cache_salt(
     Ok(Some(salt.clone()))
 }
 
-/// What besides the tokens names a request's KV blocks in the engine.
+/// The body to forward: the client's, or for a model alias, the request
+/// with the served name the engines know (`write` sets it and
+/// re-serialises).
+fn aliased(
+    body: Bytes,
+    served: Option<&str>,
+    write: impl FnOnce(&str) -> Result<Vec<u8>, String>,
+) -> Result<Bytes, Reject> {
+    match served {
+        Some(name) => write(name).map(Bytes::from).map_err(bad),
+        None => Ok(body),
+    }
+}
+
+/// What besides the tokens names a request's KV blocks in the engine, and
+/// the pool whose engines hold them.
 #[derive(Debug)]
 struct CacheIdentity<'a> {
-    lora: Option<&'a str>,
+    pool: &'a Pool,
+    lora: Option<String>,
     salt: Option<String>,
 }
 
-fn check_length(prep: &Preparer, prompt: usize, max_output: Option<u32>) -> Result<(), Reject> {
-    let max = prep.model.max_model_len as usize;
+impl<'a> CacheIdentity<'a> {
+    fn new(model: Resolved<'a>, salt: Option<String>) -> CacheIdentity<'a> {
+        CacheIdentity { pool: model.pool, lora: model.adapter, salt }
+    }
+}
+
+fn check_length(pool: &Pool, prompt: usize, max_output: Option<u32>) -> Result<(), Reject> {
+    let max = pool.model.max_model_len as usize;
     let out = max_output.unwrap_or(0) as usize;
     if prompt + out > max {
         return Err(Box::new(
@@ -198,10 +211,15 @@ fn max_output(v: Option<u64>) -> Option<u32> {
 
 /// Chat: the engine's own rendering rules, then the tokens.
 pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Reject> {
-    let req = ChatCompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
+    let mut req = ChatCompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
     req.validate().map_err(|e| bad(e.to_string()))?;
-    let identity =
-        CacheIdentity { lora: check_model(prep, req.model())?, salt: cache_salt(&req.extra)? };
+    let model = check_model(prep, req.model())?;
+    let body = aliased(body, model.rewrite, |served| {
+        req.model = Some(served.to_owned());
+        req.to_vec().map_err(|e| e.to_string())
+    })?;
+    let identity = CacheIdentity::new(model, cache_salt(&req.extra)?);
+    let tokenizer = &identity.pool.tokenizer;
     check_output_limit(&req.extra)?;
     if req.messages.len() > prep.max_messages {
         return Err(Box::new(
@@ -227,9 +245,9 @@ pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Rejec
             // Small requests tokenize in place: a hop to the pool and back
             // costs more CPU (two thread wake-ups) than their tokenization.
             let r = if body.len() <= INLINE_TOKENIZE_BYTES {
-                prep.tokenizer.tokenize().encode_chat(&chat)
+                tokenizer.tokenize().encode_chat(&chat)
             } else {
-                prep.tokenizer.encode_chat(chat).await
+                tokenizer.encode_chat(chat).await
             };
             prep.metrics.tokenize_time(t.elapsed().as_secs_f64());
             match r {
@@ -246,7 +264,7 @@ pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Rejec
         }
     };
     if let Some(t) = &tokens {
-        check_length(prep, t.len(), max_out)?;
+        check_length(identity.pool, t.len(), max_out)?;
     }
     let with_tokens = match &tokens {
         Some(ids) if !passed_by_client => Some(Bytes::from(
@@ -271,10 +289,13 @@ pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Rejec
 /// `add_special_tokens`); token prompts are taken as they are.
 pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared, Reject> {
     let mut req = CompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
-    // Its own copy: the identity outlives the changes to `req` below.
-    let model = req.model().map(str::to_owned);
-    let identity =
-        CacheIdentity { lora: check_model(prep, model.as_deref())?, salt: cache_salt(&req.extra)? };
+    let model = check_model(prep, req.model())?;
+    let body = aliased(body, model.rewrite, |served| {
+        req.model = Some(served.to_owned());
+        req.to_vec().map_err(|e| e.to_string())
+    })?;
+    let identity = CacheIdentity::new(model, cache_salt(&req.extra)?);
+    let tokenizer = &identity.pool.tokenizer;
     check_output_limit(&req.extra)?;
     let max_out = max_output(req.max_output_tokens());
     if req.extra.get("prompt_embeds").is_some_and(|v| !v.is_null()) {
@@ -304,9 +325,9 @@ pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared
     let encode = |text: String| async move {
         let t = Instant::now();
         let r = if text.len() <= INLINE_TOKENIZE_BYTES {
-            prep.tokenizer.tokenize().encode_prompt(&text, add_special)
+            tokenizer.tokenize().encode_prompt(&text, add_special)
         } else {
-            prep.tokenizer.encode_prompt(text, add_special).await
+            tokenizer.encode_prompt(text, add_special).await
         };
         prep.metrics.tokenize_time(t.elapsed().as_secs_f64());
         r.map_err(|e| bad(e.to_string()))
@@ -328,7 +349,7 @@ pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared
         return Err(Box::new(invalid("the prompt is empty").with_param("prompt")));
     }
     for t in batch.iter().flatten().chain(std::iter::once(&tokens)) {
-        check_length(prep, t.len(), max_out)?;
+        check_length(identity.pool, t.len(), max_out)?;
     }
     // The ids lent to the request for its serialisation, then taken back.
     req.prompt = Some(match batch {
@@ -371,7 +392,7 @@ fn finish(
             request_block_keys(
                 t,
                 prep.block_size as usize,
-                identity.lora,
+                identity.lora.as_deref(),
                 identity.salt.as_deref(),
             ),
         ),
@@ -386,7 +407,8 @@ fn finish(
         max_output,
         stream,
         session_key,
-        adapter: identity.lora.map(str::to_owned),
+        pool: identity.pool.id,
+        adapter: identity.lora.clone(),
         original,
         with_tokens,
     }

@@ -14,6 +14,7 @@ use crate::engine_client::EngineClient;
 use crate::fleet_handle::FleetHandle;
 use crate::metrics::Metrics;
 use crate::monitor::Prober;
+use crate::pool::Pools;
 use crate::replica::Replica;
 use crate::settings::ProbeTiming;
 use crate::supervise::{self, Task};
@@ -32,6 +33,8 @@ pub(crate) struct Registry {
     pub(crate) probes: ProbeTiming,
     /// The fleet's one block size: a replica with another is refused.
     pub(crate) block_size: u32,
+    /// The pools a replica's `pool` key names.
+    pub(crate) pools: Arc<Pools>,
 }
 
 impl Registry {
@@ -63,6 +66,10 @@ impl Registry {
                 cfg.block_size, self.block_size
             ));
         }
+        let Some(pool) = self.pools.by_name(cfg.pool.as_deref()) else {
+            return Err(format!("no pool is named {:?}", cfg.pool.as_deref().unwrap_or("")));
+        };
+        let (pool, pool_name, model) = (pool.id, pool.name.clone(), pool.model.served_name.clone());
         let same =
             |r: &Replica| (r.base == base && r.config.dp_rank == cfg.dp_rank) || r.name == name;
         if self.replicas.any(same) {
@@ -71,7 +78,7 @@ impl Registry {
         let route_urls = Replica::parse_route_urls(&base)?;
         let has_events = cfg.events.is_some();
         let rank = cfg.dp_rank.unwrap_or(0);
-        let id = self.fleet.with(|f| f.add(&name, rank, cfg.block_size, has_events))?;
+        let id = self.fleet.with(|f| f.add(&name, rank, cfg.block_size, has_events, pool))?;
         let (stop, _) = watch::channel(false);
         let replica = Arc::new(Replica {
             id,
@@ -96,6 +103,7 @@ impl Registry {
             engines: Arc::clone(&self.engines),
             fleet: Arc::clone(fleet),
             timing: self.probes,
+            model,
         };
         supervise::spawn_replica_task(fleet, metrics, &replica, Task::Monitor, move |r| {
             let prober = prober.clone();
@@ -106,6 +114,7 @@ impl Registry {
         });
         tracing::info!(
             replica = %replica.name,
+            pool = %pool_name,
             events = replica.config.events.as_deref().unwrap_or("none"),
             replay = replica.config.replay.as_deref().unwrap_or("none"),
             passthrough = replica.config.passthrough.name(),

@@ -99,6 +99,41 @@ pub(crate) struct EngineScrape {
     pub(crate) num_cpu_blocks: Option<u64>,
     /// vLLM's request-level timing totals, when the engine exports them.
     pub(crate) timing: Option<EngineTiming>,
+    /// `vllm:lora_requests_info`, when the engine serves adapters.
+    pub(crate) lora: Option<LoraScrape>,
+}
+
+/// The engine's LoRA slots, from `vllm:lora_requests_info`: vLLM sets a new
+/// label set to the current time whenever its running or waiting adapters
+/// change, and the old sets stay exported, so the sample with the greatest
+/// value is the current one.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct LoraScrape {
+    /// Label `max_lora`: the engine's adapter slots.
+    pub(crate) max_loras: u32,
+    /// Labels `running_lora_adapters` and `waiting_lora_adapters` (comma
+    /// separated): adapters in a slot or about to be.
+    pub(crate) adapters: Vec<String>,
+    /// The sample's value (when it was set), to pick the newest.
+    at: f64,
+}
+
+/// Adapter names in one comma-separated label, bounded: a hostile engine
+/// cannot make the router intern without end.
+const MAX_LISTED_ADAPTERS: usize = 256;
+
+fn lora_of(labels: &HashMap<String, String>, at: f64) -> Option<LoraScrape> {
+    let max_loras = labels.get("max_lora")?.parse::<u32>().ok()?;
+    let mut adapters: Vec<String> = Vec::new();
+    for key in ["running_lora_adapters", "waiting_lora_adapters"] {
+        let names = labels.get(key).map(String::as_str).unwrap_or("");
+        for n in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if adapters.len() < MAX_LISTED_ADAPTERS && !adapters.iter().any(|a| a == n) {
+                adapters.push(n.to_owned());
+            }
+        }
+    }
+    Some(LoraScrape { max_loras, adapters, at })
 }
 
 /// The request-level series calibration reads, summed over engines.
@@ -211,6 +246,9 @@ pub(crate) fn parse_rank_metrics(text: &str, rank: Option<u32>) -> Result<Engine
                 out.num_gpu_blocks = num("num_gpu_blocks");
                 out.num_cpu_blocks = num("num_cpu_blocks").filter(|&n| n > 0);
             }
+            "vllm:lora_requests_info" if out.lora.as_ref().is_none_or(|l| v >= l.at) => {
+                out.lora = lora_of(&s.labels, v).or(out.lora.take());
+            }
             _ => {}
         }
     }
@@ -250,6 +288,20 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 5.0
 vllm:time_to_first_token_seconds_count{model_name="m"} 5.0
 vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5
 "#;
+
+    #[test]
+    fn lora_slots_come_from_the_newest_info_sample() {
+        let text = format!(
+            "{VLLM}# TYPE vllm:lora_requests_info gauge\n\
+             vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"a,b\",waiting_lora_adapters=\"\"}} 1700000002.0\n\
+             vllm:lora_requests_info{{max_lora=\"4\",running_lora_adapters=\"\",waiting_lora_adapters=\"c\"}} 1700000001.0\n"
+        );
+        let lora = parse_engine_metrics(&text).unwrap().lora.unwrap();
+        assert_eq!((lora.max_loras, lora.adapters), (4, vec!["a".to_owned(), "b".to_owned()]));
+        assert!(parse_engine_metrics(VLLM).unwrap().lora.is_none());
+        let bad = format!("{VLLM}vllm:lora_requests_info{{max_lora=\"x\"}} 1.0\n");
+        assert!(parse_engine_metrics(&bad).unwrap().lora.is_none(), "unparsable: ignored");
+    }
 
     #[test]
     fn a_rank_reads_its_own_engine_only() {

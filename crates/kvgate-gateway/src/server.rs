@@ -18,9 +18,6 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use kvgate_openai::ErrorResponse;
-use kvgate_tokenize::prefix_cache::PrefixCacheConfig;
-use kvgate_tokenize::service::{Tokenize, TokenizeService};
-use kvgate_tokenize::ChatTokenizer;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -268,30 +265,7 @@ impl Gateway {
     /// registers the replicas and starts their event and monitor tasks.
     pub async fn start(config: GatewayConfig) -> Result<Gateway, StartError> {
         config.validate()?;
-        let encoder = config.model.encoder;
-        // On a thread that exits, so the load's temporaries leave with it.
-        let tokenizer =
-            kvgate_alloc::on_exiting_thread("kvgate-load", || match &config.model.dir {
-                Some(dir) => ChatTokenizer::from_dir_with(dir, encoder),
-                None => ChatTokenizer::bundled_with(encoder),
-            })
-            .map_err(|e| StartError::Tokenizer(e.to_string()))?
-            .map_err(|e| StartError::Tokenizer(e.to_string()))?;
-        let path = tokenizer.encoder_path();
-        match &path.reason {
-            None => tracing::info!(encoder = path.name, "tokenizer loaded"),
-            Some(why) => tracing::info!(encoder = path.name, reason = %why, "tokenizer loaded"),
-        }
-        let threads = match config.model.tokenizer_threads {
-            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
-            n => n,
-        };
-        let cache = (config.model.prefix_cache_tokens > 0).then(|| PrefixCacheConfig {
-            max_tokens: config.model.prefix_cache_tokens,
-            ..PrefixCacheConfig::default()
-        });
-        let tokenizer = TokenizeService::new(Tokenize::new(tokenizer, cache), threads)
-            .map_err(|e| StartError::Tokenizer(e.to_string()))?;
+        let tokenizers = crate::pool::load_tokenizers(&config.pools())?;
         // TLS files are read and checked before anything listens.
         let server_tls = ServerTls::load(&config.tls).map_err(StartError::Tls)?;
         let mut client = reqwest::Client::builder()
@@ -327,8 +301,8 @@ impl Gateway {
             None => None,
         };
         let engines = Arc::new(HttpEngines::new(client.clone()));
-        let shared = Arc::new(Shared::new(config, Arc::new(tokenizer), engines, client)?);
-        for r in shared.config.replicas.clone() {
+        let shared = Arc::new(Shared::new(config, tokenizers, engines, client)?);
+        for r in shared.config.all_replicas() {
             let name = r.display_name().to_owned();
             shared.registry.add_ranks(r).map_err(|reason| StartError::Replica { name, reason })?;
         }
@@ -377,9 +351,10 @@ impl Gateway {
         if shared.config.peers.enabled() {
             servers.push(tokio::spawn(crate::peers::run(peer_context, stop_rx.clone())));
         }
-        if shared.config.discovery.dns.is_some() {
-            let (d, registry) = (shared.config.discovery.clone(), Arc::clone(&shared.registry));
-            servers.push(tokio::spawn(crate::discovery::run(d, registry, stop_rx.clone())));
+        for pool in shared.config.pools().into_iter().filter(|p| p.discovery.dns.is_some()) {
+            let registry = Arc::clone(&shared.registry);
+            let run = crate::discovery::run(pool.discovery, pool.name, registry, stop_rx.clone());
+            servers.push(tokio::spawn(run));
         }
         tracing::info!(
             %addr,
@@ -388,9 +363,9 @@ impl Gateway {
             peer = ?peer_addr,
             epp = ?epp_addr,
             instance = %shared.peers.instance,
-            model = %shared.config.model.served_name,
-            policy = %shared.config.router.policy,
-            replicas = shared.config.replicas.len(),
+            pools = shared.config.pools().len(),
+            models = ?shared.config.pools().iter().map(|p| p.model.served_name.clone()).collect::<Vec<_>>(),
+            replicas = shared.config.all_replicas().len(),
             "kvgate serving"
         );
         if shared.config.auth.api_keys.is_empty() && !addr.ip().is_loopback() {

@@ -8,6 +8,8 @@ use serde::Serialize;
 /// One replica.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ReplicaSnapshot {
+    /// The model pool it serves.
+    pub pool: String,
     /// Display name.
     pub name: String,
     /// Base URL.
@@ -119,6 +121,28 @@ pub struct FleetSnapshot {
     pub peer_outbox_dropped: u64,
     /// Peers forgotten after going silent.
     pub peers_forgotten: u64,
+    /// Per model pool.
+    pub pools: Vec<PoolSnapshot>,
+}
+
+/// One model pool's routing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PoolSnapshot {
+    /// Its name.
+    pub name: String,
+    /// The model it serves.
+    pub model: String,
+    /// Its bookings in flight.
+    pub in_flight: u64,
+    /// Its requests waiting for a replica.
+    pub admission_waiting: u64,
+    /// Its decisions routed / asked to wait / rejected.
+    pub decisions: [u64; 3],
+    /// Requests routed where the router did not believe their LoRA adapter
+    /// resident in a GPU slot (a load the engine does).
+    pub adapter_loads: u64,
+    /// Runtime adapter loads through the engines' API: done, failed.
+    pub adapter_runtime_loads: [u64; 2],
 }
 
 /// A peer kvgate instance this one hears from.

@@ -17,6 +17,7 @@ use tokio::sync::{watch, Semaphore};
 use crate::config::GatewayConfig;
 use kvgate_router::Router;
 
+use crate::adapter_load::AdapterLoader;
 use crate::admin::AdminContext;
 use crate::admission::Admission;
 use crate::api::ApiContext;
@@ -33,6 +34,7 @@ use crate::metrics::Metrics;
 use crate::peer_state::Peers;
 use crate::peers::PeerContext;
 use crate::placement::Placer;
+use crate::pool::{Pool, Pools};
 use crate::prepare::Preparer;
 use crate::registry::Registry;
 use crate::settings::Settings;
@@ -46,7 +48,9 @@ pub(crate) struct Shared {
     pub(crate) config: GatewayConfig,
     /// `config` in typed sections (`settings.rs`).
     pub(crate) settings: Settings,
-    pub(crate) tokenizer: Arc<TokenizeService>,
+    /// The model pools: per pool its model, tokenizer and admission queue
+    /// (its router is in the fleet).
+    pub(crate) pools: Arc<Pools>,
     /// The index, the router and every replica's status: the one owner of
     /// fleet state (`fleet.rs`).
     pub(crate) fleet: Arc<FleetHandle>,
@@ -58,9 +62,8 @@ pub(crate) struct Shared {
     pub(crate) client: reqwest::Client,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) inflight: Arc<Semaphore>,
-    /// Requests waiting for a replica to stop being busy, first come first
-    /// served.
-    pub(crate) admission: Arc<Admission>,
+    /// Runtime LoRA loads (`adapter_load.rs`), shared by both front doors.
+    pub(crate) loader: Arc<AdapterLoader>,
     /// Client connections open, bounded by `limits.max_connections`.
     pub(crate) connections: Arc<Semaphore>,
     /// Wrong keys per client address (`limits.key_failures_per_minute`).
@@ -79,25 +82,41 @@ pub(crate) struct Shared {
 
 impl Shared {
     /// The state for `config` with no replica registered yet
-    /// (`Registry::add_ranks` registers them and starts their tasks).
+    /// (`Registry::add_ranks` registers them and starts their tasks), with
+    /// one tokenizer per pool (`GatewayConfig::pools` order).
     pub(crate) fn new(
         config: GatewayConfig,
-        tokenizer: Arc<TokenizeService>,
+        tokenizers: Vec<Arc<TokenizeService>>,
         engines: Arc<dyn EngineClient>,
         client: reqwest::Client,
     ) -> Result<Shared, StartError> {
-        let mut router = Router::new(config.router.clone(), Arc::default())
-            .map_err(|e| StartError::Config(ConfigError::Invalid(e.to_string())))?;
-        // Any drop in a booking's load (first token, end, expiry...) wakes
-        // the head of the admission queue.
-        let admission = Arc::new(Admission::default());
-        let waiters = Arc::clone(&admission);
-        router.on_load_change(Arc::new(move || waiters.load_changed()));
-        let block_size =
-            config.replicas.first().map_or(config.discovery.block_size, |r| r.block_size);
+        let pool_configs = config.pools();
+        if tokenizers.len() != pool_configs.len() {
+            return Err(StartError::Tokenizer(format!(
+                "{} tokenizers for {} pools",
+                tokenizers.len(),
+                pool_configs.len()
+            )));
+        }
+        let mut routers = Vec::new();
+        let mut pools = Vec::new();
+        for (id, (p, tokenizer)) in pool_configs.into_iter().zip(tokenizers).enumerate() {
+            let mut router = Router::new(p.router.clone(), Arc::default()).map_err(|e| {
+                StartError::Config(ConfigError::Invalid(format!("pool {}: {e}", p.name)))
+            })?;
+            // Any drop in a booking's load (first token, end, expiry...)
+            // wakes the head of its pool's admission queue.
+            let admission = Arc::new(Admission::default());
+            let waiters = Arc::clone(&admission);
+            router.on_load_change(Arc::new(move || waiters.load_changed()));
+            routers.push(router);
+            pools.push(Arc::new(Pool::new(id, p.name, p.model, tokenizer, admission)));
+        }
+        let pools = Arc::new(Pools::new(pools));
+        let block_size = config.block_size();
         let (closing, _) = watch::channel(false);
         let settings = Settings::from_config(&config);
-        let fleet = Arc::new(FleetHandle::new(Fleet::new(router, settings.health)));
+        let fleet = Arc::new(FleetHandle::new(Fleet::new(routers, settings.health)));
         let metrics = Arc::new(Metrics::new());
         let replicas = Arc::new(Directory::default());
         let peers = Arc::new(Peers::new());
@@ -108,20 +127,29 @@ impl Shared {
             metrics: Arc::clone(&metrics),
             probes: settings.probes,
             block_size,
+            pools: Arc::clone(&pools),
         });
         let view = Arc::new(FleetView {
             fleet: Arc::clone(&fleet),
             replicas: Arc::clone(&replicas),
             peers: Arc::clone(&peers),
-            admission: Arc::clone(&admission),
+            pools: Arc::clone(&pools),
             started: Instant::now(),
         });
         Ok(Shared {
             settings,
             inflight: Arc::new(Semaphore::new(config.limits.max_concurrent_requests)),
-            admission,
+            loader: Arc::new(AdapterLoader {
+                engines: Arc::clone(&engines),
+                fleet: Arc::clone(&fleet),
+                replicas: Arc::clone(&replicas),
+                timeout: std::time::Duration::from_millis(
+                    config.limits.first_byte_timeout_ms.min(120_000),
+                ),
+                loading: Default::default(),
+            }),
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
-            tokenizer,
+            pools,
             fleet,
             replicas,
             engines,
@@ -164,24 +192,24 @@ impl Shared {
             replica_header: c.replica_header,
         };
         Arc::new(ApiContext {
-            model: c.model.clone(),
+            pools: Arc::clone(&self.pools),
             closing: self.closing.subscribe(),
             preparer,
             forwarder,
-            tokenizer: Arc::clone(&self.tokenizer),
             fleet: Arc::clone(&self.fleet),
             view: Arc::clone(&self.view),
             metrics: Arc::clone(&self.metrics),
         })
     }
 
-    /// A front door's placement: the fleet's decision and the admission queue.
+    /// A front door's placement: the fleet's decision and the pools'
+    /// admission queues.
     pub(crate) fn placer(&self) -> Placer {
         Placer {
             fleet: Arc::clone(&self.fleet),
-            admission: Arc::clone(&self.admission),
+            pools: Arc::clone(&self.pools),
             metrics: Arc::clone(&self.metrics),
-            lora_adapters: self.config.model.lora_adapters.clone(),
+            loader: Arc::clone(&self.loader),
         }
     }
 
@@ -189,8 +217,7 @@ impl Shared {
     pub(crate) fn preparer(&self) -> Preparer {
         let c = &self.config;
         Preparer {
-            tokenizer: Arc::clone(&self.tokenizer),
-            model: c.model.clone(),
+            pools: Arc::clone(&self.pools),
             max_messages: c.limits.max_messages,
             block_size: self.block_size,
             metrics: Arc::clone(&self.metrics),
@@ -270,6 +297,7 @@ pub(crate) fn request_path_for_tests(
     tokenizer: Arc<TokenizeService>,
     engines: Arc<dyn EngineClient>,
 ) -> Result<(Arc<ApiContext>, Arc<Registry>), StartError> {
-    let shared = Shared::new(config, tokenizer, engines, reqwest::Client::new())?;
+    let tokenizers = vec![tokenizer; config.pools().len()];
+    let shared = Shared::new(config, tokenizers, engines, reqwest::Client::new())?;
     Ok((shared.api_context(), Arc::clone(&shared.registry)))
 }

@@ -2,7 +2,7 @@
 //! `GatewayConfig` (serialised from its `Default`) must have a row
 //! `| `key` | default | meaning |` whose default is the `Default` value, every
 //! key row must name a real key, every `[[replicas]]` key must be documented
-//! under `replicas.*`, and every flag of `kvgate serve` (read from
+//! under `replicas.*` and every `[[pools]]` key under `pools.*`, and every flag of `kvgate serve` (read from
 //! `crates/kvgate/src/cli.rs` itself, not a copy) must appear with its
 //! `KVGATE_*` variable.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -74,6 +74,7 @@ fn replica_everything_set() -> ReplicaConfig {
         replay: Some("tcp://h:5558".into()),
         api_key: Some("engine-key-1".into()),
         dp_rank: Some(1),
+        pool: Some("p".into()),
         ..ReplicaConfig::new("http://x")
     }
 }
@@ -191,7 +192,8 @@ fn every_key_is_documented_with_its_default() {
         }
     }
     for row in &rows {
-        if !row.key.starts_with("replicas.") && !all.contains_key(&row.key) {
+        let nested = row.key.starts_with("replicas.") || row.key.starts_with("pools.");
+        if !nested && !all.contains_key(&row.key) {
             problems.push(format!(
                 "docs/config.md:{}: `{}` is not a key of GatewayConfig",
                 row.line, row.key
@@ -254,6 +256,38 @@ fn every_replica_key_is_documented_and_is_a_replica_spec_key() {
                 row.line, row.key
             ));
         }
+    }
+    assert!(problems.is_empty(), "docs/config.md is out of step:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn every_pool_key_is_documented() {
+    let doc = doc();
+    let rows = key_rows(&doc);
+    let by_key = rows_by_key(&rows);
+    let pool = kvgate_gateway::config::PoolConfig::default();
+    let text = toml::to_string(&pool).expect("serialising a pool");
+    let table: toml::Table = toml::from_str(&text).expect("re-reading it");
+    let mut problems = Vec::new();
+    // A pool's own keys; `model`, `discovery` and `router` take the keys of
+    // the top-level tables of those names, documented there.
+    let mut keys: Vec<&String> = table.keys().collect();
+    let replicas = "replicas".to_owned();
+    keys.push(&replicas); // an empty array is not serialised
+    for key in keys {
+        if !by_key.contains_key(format!("pools.{key}").as_str()) {
+            problems.push(format!("`pools.{key}` has no row"));
+        }
+    }
+    for row in rows.iter().filter(|r| r.key.starts_with("pools.")) {
+        let key = &row.key["pools.".len()..];
+        if !table.contains_key(key) && key != "replicas" {
+            problems.push(format!("docs/config.md:{}: `{}` is not a pool key", row.line, row.key));
+        }
+    }
+    let name = by_key.get("pools.name").map(|r| r.default.as_str());
+    if name != Some("\"\"") {
+        problems.push(format!("`pools.name` documents default {name:?}, the code has \"\""));
     }
     assert!(problems.is_empty(), "docs/config.md is out of step:\n{}", problems.join("\n"));
 }

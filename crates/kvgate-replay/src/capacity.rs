@@ -95,6 +95,11 @@ pub struct FleetSpec {
     pub event_delay: Duration,
     /// Interval of engine reports to the router (as `/metrics` scrapes).
     pub report_every: Duration,
+    /// The base model each pool serves, in order. Replicas are split evenly
+    /// and contiguously ([`FleetSpec::pool_of`]); each pool has its own
+    /// index and router, and serves only its model's requests. Empty: one
+    /// pool that serves every request (a one-model workload).
+    pub pools: Vec<String>,
 }
 
 impl FleetSpec {
@@ -118,7 +123,49 @@ impl FleetSpec {
             event_delay: Duration::from_millis(1),
             // `kvgate serve` scrapes `/metrics` once a second by default.
             report_every: Duration::from_millis(1000),
+            pools: Vec::new(),
         }
+    }
+
+    /// Pools: one per base model of [`FleetSpec::pools`], at least one.
+    pub fn pool_count(&self) -> usize {
+        self.pools.len().max(1)
+    }
+
+    /// The pool of replica `r`: `⌊r · pools ÷ replicas⌋`, so pools are
+    /// contiguous, differ by at most one replica, and none is empty while
+    /// there are at least as many replicas as pools.
+    pub fn pool_of(&self, r: usize) -> usize {
+        r * self.pool_count() / self.replicas.max(1)
+    }
+
+    /// Replicas in pool `p`.
+    pub fn pool_replicas(&self, p: usize) -> usize {
+        (0..self.replicas).filter(|&r| self.pool_of(r) == p).count()
+    }
+
+    /// GPU + CPU blocks of pool `p`: its pooled oracle's capacity.
+    pub fn pool_blocks(&self, p: usize) -> u64 {
+        self.pool_replicas(p) as u64
+            * (u64::from(self.engine.num_gpu_blocks) + u64::from(self.engine.num_cpu_blocks))
+    }
+
+    /// This fleet shaped for `w`: one pool per model the workload names (when
+    /// it names any) and the adapter slots it asks for.
+    pub fn for_workload(mut self, w: &crate::workload::Workload) -> Result<FleetSpec, String> {
+        self.pools = w.models.clone();
+        if let Some(m) = w.max_loras {
+            self.engine.max_loras = m;
+        }
+        if self.replicas < self.pool_count() {
+            return Err(format!(
+                "{} model pools need at least as many replicas, not {}",
+                self.pool_count(),
+                self.replicas
+            ));
+        }
+        self.engine.validate().map_err(|e| format!("invalid engine settings: {e}"))?;
+        Ok(self)
     }
 
     /// GPU + CPU blocks of the whole fleet: the pooled oracle's capacity.
@@ -143,5 +190,20 @@ mod tests {
         assert_eq!(f.engine.num_cpu_blocks, 4 * 19_175);
         assert_eq!(f.total_blocks(), 8 * 5 * 19_175);
         assert!(f.engine.validate().is_ok());
+    }
+
+    #[test]
+    fn pools_split_replicas_evenly_and_contiguously() {
+        let mut f = FleetSpec::acceptance();
+        f.pools = vec!["a".into(), "b".into()];
+        let of: Vec<usize> = (0..8).map(|r| f.pool_of(r)).collect();
+        assert_eq!(of, [0, 0, 0, 0, 1, 1, 1, 1]);
+        f.replicas = 5;
+        f.pools.push("c".into());
+        let of: Vec<usize> = (0..5).map(|r| f.pool_of(r)).collect();
+        assert_eq!(of, [0, 0, 1, 1, 2]);
+        assert_eq!(f.pool_blocks(2), 5 * 19_175);
+        f.pools.clear();
+        assert!((0..5).all(|r| f.pool_of(r) == 0));
     }
 }

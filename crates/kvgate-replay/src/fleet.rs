@@ -1,6 +1,15 @@
-//! The virtual-time fleet: N simulated vLLM engines, one KV index fed by
-//! their own events, and one router, driven by a discrete-event loop. It grew
+//! The virtual-time fleet: N simulated vLLM engines split into model pools,
+//! each pool with its own KV index fed by its engines' events and its own
+//! router (ledger, calibration), driven by a discrete-event loop. It grew
 //! out of `kvgate-router`'s scenario-test fleet (`tests/support/mod.rs`).
+//!
+//! - A request goes to its model's pool only: that pool's router decides
+//!   among that pool's replicas, for every policy alike (the same model
+//!   filter a gateway applies before routing). The engine checks the model
+//!   it serves anyway and counts a mismatch in `model_violations`.
+//! - With adapters in the workload, every report also tells each router
+//!   its engines' LoRA slot count and running and waiting adapters, as
+//!   `vllm:lora_requests_info` would.
 //!
 //! - Requests arrive at their (scaled) times; at each arrival the router
 //!   decides (`now = base + virtual time`) and the request joins the chosen
@@ -23,12 +32,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvgate_events::Event;
-use kvgate_index::{block_keys, Index, PrefixMatch, ReplicaId, ReplicaSpec};
+use kvgate_index::{Index, PrefixMatch, ReplicaId, ReplicaSpec};
 use kvgate_router::{
     Booking, Decision, EngineReport, EngineTiming, Outcome, ReplicaInfo, RouteRequest, Router,
     RouterConfig, RouterMetrics,
 };
-use kvgate_sim::{Engine, EngineConfig, EngineStats, Tracker};
+use kvgate_sim::{CacheIdentity, Engine, EngineConfig, EngineStats, Tracker};
 use rustc_hash::FxHashMap;
 
 use crate::capacity::FleetSpec;
@@ -82,11 +91,27 @@ enum Delivery {
     Token { request: usize, is_first: bool, finished: bool, cached_tokens: u32 },
 }
 
+/// One model pool: its own index and router over its replicas.
+#[derive(Debug)]
+struct Pool {
+    index: Index,
+    router: Router,
+    /// Global positions of its replicas, in the order of `ids`.
+    replicas: Vec<usize>,
+}
+
 /// The fleet after a run, with what it recorded.
 #[derive(Debug)]
 pub struct Fleet {
     base: Instant,
     engines: Vec<Engine>,
+    /// Pool of each replica, and its id in that pool's index and router.
+    pool_of: Vec<usize>,
+    pools: Vec<Pool>,
+    /// The model each pool serves (`None`: any, a one-pool fleet).
+    pool_models: Vec<Option<String>>,
+    /// Whether routers hear of adapters (the workload names some).
+    adapters: bool,
     clocks: Vec<Duration>,
     /// Each engine's request timelines, and the totals of vLLM's
     /// request-level metrics they give: the same numbers `kvgate sim`
@@ -94,8 +119,6 @@ pub struct Fleet {
     trackers: Vec<Tracker>,
     timing: Vec<EngineTiming>,
     ids: Vec<ReplicaId>,
-    index: Index,
-    router: Router,
     event_delay: Duration,
     report_every: Duration,
     now: Duration,
@@ -104,7 +127,8 @@ pub struct Fleet {
     deliveries: BinaryHeap<Reverse<(Duration, u64)>>,
     delivery_items: FxHashMap<u64, Delivery>,
     next_seq: u64,
-    bookings: FxHashMap<usize, Booking>,
+    /// Open bookings by request: (pool, booking).
+    bookings: FxHashMap<usize, (usize, Booking)>,
     scratch_matches: Vec<PrefixMatch>,
     /// One per workload request, in order.
     pub records: Vec<Record>,
@@ -114,51 +138,78 @@ pub struct Fleet {
     pub prefill_tokens: Vec<u64>,
     /// Requests not served (the router refused, or the engine rejected them).
     pub unserved: u64,
+    /// Requests routed to a replica that does not serve their model (must
+    /// stay 0: the pools make it impossible; the engine side checks).
+    pub model_violations: u64,
+    /// Requests naming a model no pool serves (not served).
+    pub unknown_model: u64,
 }
 
 impl Fleet {
-    /// A fleet as `spec` describes, under `router`.
+    /// A fleet as `spec` describes, under `router` (one router per pool,
+    /// each with the same settings and seed).
     pub fn new(spec: &FleetSpec, router: RouterConfig) -> Result<Fleet, ReplayError> {
         let bad = |e: String| ReplayError::InvalidFleet(e);
-        if spec.replicas == 0 {
-            return Err(bad("at least one replica is needed".into()));
+        if spec.replicas < spec.pool_count() {
+            return Err(bad(format!(
+                "{} pools need at least as many replicas, not {}",
+                spec.pool_count(),
+                spec.replicas
+            )));
         }
-        let mut index = Index::new();
-        let mut router = Router::new(router, Arc::new(RouterMetrics::default()))
-            .map_err(|e| bad(e.to_string()))?;
+        let mut pools = Vec::new();
+        for p in 0..spec.pool_count() {
+            let mut r = Router::new(router.clone(), Arc::new(RouterMetrics::default()))
+                .map_err(|e| bad(e.to_string()))?;
+            // Booking ids name one router's booking, as a gateway's pools do.
+            r.set_booking_id_base((p as u64) << 48);
+            pools.push(Pool { index: Index::new(), router: r, replicas: Vec::new() });
+        }
         let mut ids = Vec::new();
+        let mut pool_of = Vec::new();
         let mut engines = Vec::new();
         for i in 0..spec.replicas {
             let c = EngineConfig {
                 hash_seed: spec.engine.hash_seed.map(|s| s.wrapping_add(i as u64)),
                 ..spec.engine.clone()
             };
+            let p = spec.pool_of(i);
+            let pool = &mut pools[p];
             let name = format!("replica-{i}");
             let gpu = u64::from(c.num_gpu_blocks);
             let cpu = u64::from(c.num_cpu_blocks);
             let mut rs = ReplicaSpec::new(name.clone(), 0, c.block_size);
             rs.capacity_blocks = [Some(gpu), Some(cpu), None];
-            let id = index.add_replica(rs).map_err(|e| bad(e.to_string()))?;
+            let id = pool.index.add_replica(rs).map_err(|e| bad(e.to_string()))?;
             let info = ReplicaInfo {
                 name,
                 block_size: c.block_size,
                 capacity_blocks: [gpu, cpu, 0],
                 max_num_batched_tokens: c.max_num_batched_tokens,
             };
-            router.add_replica(id, info).map_err(|e| bad(e.to_string()))?;
+            pool.router.add_replica(id, info).map_err(|e| bad(e.to_string()))?;
+            pool.replicas.push(i);
             ids.push(id);
+            pool_of.push(p);
             engines.push(Engine::new(c).map_err(|e| bad(e.to_string()))?);
         }
         let n = engines.len();
+        let pool_models = if spec.pools.is_empty() {
+            vec![None]
+        } else {
+            spec.pools.iter().cloned().map(Some).collect()
+        };
         Ok(Fleet {
             base: Instant::now(),
             engines,
+            pool_of,
+            pools,
+            pool_models,
+            adapters: false,
             clocks: vec![Duration::ZERO; n],
             trackers: (0..n).map(|_| Tracker::default()).collect(),
             timing: vec![EngineTiming::default(); n],
             ids,
-            index,
-            router,
             event_delay: spec.event_delay,
             report_every: spec.report_every.max(Duration::from_millis(1)),
             now: Duration::ZERO,
@@ -173,6 +224,8 @@ impl Fleet {
             samples: Vec::new(),
             prefill_tokens: vec![0; n],
             unserved: 0,
+            model_violations: 0,
+            unknown_model: 0,
         })
     }
 
@@ -181,14 +234,38 @@ impl Fleet {
         self.engines.iter().map(Engine::stats).collect()
     }
 
-    /// The KV index the engines' events fed.
+    /// The KV index the engines' events fed (the first pool's).
     pub fn index(&self) -> &Index {
-        &self.index
+        &self.pools[0].index
     }
 
-    /// The router (ledger totals, tentative stats, ...).
+    /// The router (ledger totals, tentative stats, ...; the first pool's).
     pub fn router(&self) -> &Router {
-        &self.router
+        &self.pools[0].router
+    }
+
+    /// Pools.
+    pub fn pool_count(&self) -> usize {
+        self.pools.len()
+    }
+
+    /// Pool `p`'s router.
+    pub fn pool_router(&self, p: usize) -> &Router {
+        &self.pools[p].router
+    }
+
+    /// The pool of replica `r` (position in the fleet).
+    pub fn pool_of(&self, r: usize) -> usize {
+        self.pool_of[r]
+    }
+
+    /// The pool serving request `i` of `w`, if any: the one-pool fleet
+    /// serves every request, else the pool named by the request's model.
+    pub fn pool_for(&self, w: &Workload, i: usize) -> Option<usize> {
+        match self.pool_models.as_slice() {
+            [None] => Some(0),
+            models => models.iter().position(|m| m.as_deref() == Some(w.model_name(i))),
+        }
     }
 
     /// Virtual time of the last thing processed.
@@ -202,6 +279,7 @@ impl Fleet {
     pub fn run(&mut self, workload: &Workload, rate_scale: f64, progress: &dyn Fn(u64)) {
         let n = workload.requests.len();
         self.records = Vec::with_capacity(n);
+        self.adapters = workload.has_adapters();
         let mut next = 0usize;
         let mut unreported = 0u64;
         loop {
@@ -258,21 +336,22 @@ impl Fleet {
         let now = self.base + at;
         match self.delivery_items.remove(&seq) {
             Some(Delivery::Events { replica, events }) => {
-                self.index.apply_events(self.ids[replica], &events, now);
+                let pool = &mut self.pools[self.pool_of[replica]];
+                pool.index.apply_events(self.ids[replica], &events, now);
             }
             Some(Delivery::Token { request, is_first, finished, cached_tokens }) => {
                 let rec = &mut self.records[request];
                 if is_first {
                     rec.first_token_at = Some(at);
                     rec.cached_tokens = cached_tokens;
-                    if let Some(&b) = self.bookings.get(&request) {
-                        self.router.first_token(b, now);
+                    if let Some(&(p, b)) = self.bookings.get(&request) {
+                        self.pools[p].router.first_token(b, now);
                     }
                 }
                 if finished {
                     rec.finished_at = Some(at);
-                    if let Some(b) = self.bookings.remove(&request) {
-                        self.router.finish(b, Outcome::Finished);
+                    if let Some((p, b)) = self.bookings.remove(&request) {
+                        self.pools[p].router.finish(b, Outcome::Finished);
                     }
                 }
             }
@@ -295,8 +374,19 @@ impl Fleet {
                 timing: Some(self.timing[i]),
                 at,
             };
+            let router = &mut self.pools[self.pool_of[i]].router;
             // The replica exists: it was added in `new`.
-            let _ = self.router.report(self.ids[i], report);
+            let _ = router.report(self.ids[i], report);
+            if self.adapters {
+                // `vllm:lora_requests_info`: slots, running and waiting.
+                let mut names = self.engines[i].running_loras();
+                names.extend(self.engines[i].waiting_loras());
+                names.sort_unstable();
+                names.dedup();
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let slots = self.engines[i].config().max_loras;
+                let _ = router.report_adapters(self.ids[i], slots, &names);
+            }
             if sample {
                 requests.push((s.running + s.waiting) as u32);
             }
@@ -317,20 +407,30 @@ impl Fleet {
             output_tokens: r.output_tokens,
             ..Record::default()
         };
+        // The model filter, the same for every policy: only the pool that
+        // serves the request's model routes it.
+        let Some(p) = self.pool_for(workload, i) else {
+            self.unknown_model += 1;
+            self.unserved += 1;
+            self.records.push(rec);
+            return;
+        };
         let block_size = self.engines[0].config().block_size as usize;
-        let keys = block_keys(&tokens, block_size, None);
+        let keys = r.block_keys(&tokens, block_size);
         let req = RouteRequest {
             prompt_tokens: tokens.len() as u64,
             keys: &keys,
             max_output_tokens: Some(r.output_tokens),
             approx_symbols: Some(&tokens),
+            adapter: r.adapter.as_deref(),
             ..RouteRequest::default()
         };
-        self.index.find_matches(&keys, &mut self.scratch_matches);
+        let pool = &mut self.pools[p];
+        pool.index.find_matches(&keys, &mut self.scratch_matches);
         rec.best_indexed_blocks = self.scratch_matches.iter().map(|m| m.total).max().unwrap_or(0);
         let now = self.base + at;
         let t0 = Instant::now();
-        let decision = self.router.decide(&req, &self.index, now);
+        let decision = pool.router.decide(&req, &pool.index, now);
         rec.decide_ns = t0.elapsed().as_nanos() as u64;
         let Decision::Routed(routed) = decision else {
             // No admission limits are set by replay; count it if it happens.
@@ -338,31 +438,46 @@ impl Fleet {
             self.records.push(rec);
             return;
         };
-        let Some(replica) = self.ids.iter().position(|&id| id == routed.replica) else {
+        let Some(replica) = pool.replicas.iter().copied().find(|&g| self.ids[g] == routed.replica)
+        else {
             self.unserved += 1;
             self.records.push(rec);
             return;
         };
         rec.routed_cached_blocks = routed.cached_blocks;
+        // The engine's side of the filter: a replica of another pool would
+        // answer 404 (vLLM's unknown model); count it and serve nothing.
+        if self.pool_models[self.pool_of[replica]]
+            .as_deref()
+            .is_some_and(|m| m != workload.model_name(i))
+        {
+            self.model_violations += 1;
+            self.pools[p].router.finish(routed.booking, Outcome::Error);
+            self.unserved += 1;
+            self.records.push(rec);
+            return;
+        }
         if !self.engines[replica].has_work() {
             self.clocks[replica] = self.clocks[replica].max(at);
         }
         let prompt_len = tokens.len();
-        let added = self.engines[replica].add_request(
-            i as u64,
-            tokens,
-            r.output_tokens,
-            r.output_tokens,
-            true,
-            at,
-        );
+        let engine = &mut self.engines[replica];
+        let mut added =
+            engine.add_request(i as u64, tokens, r.output_tokens, r.output_tokens, true, at);
+        if added.is_ok() && r.adapter.is_some() {
+            let identity = CacheIdentity { lora_name: r.adapter.clone(), cache_salt: None };
+            added = engine.set_identity(i as u64, identity);
+            if added.is_err() {
+                engine.abort(i as u64);
+            }
+        }
         if added.is_err() {
-            self.router.finish(routed.booking, Outcome::Error);
+            self.pools[p].router.finish(routed.booking, Outcome::Error);
             self.unserved += 1;
         } else {
             self.trackers[replica].add(i as u64, prompt_len, at);
             rec.replica = Some(replica);
-            self.bookings.insert(i, routed.booking);
+            self.bookings.insert(i, (p, routed.booking));
         }
         self.records.push(rec);
     }

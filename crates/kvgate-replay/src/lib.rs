@@ -11,10 +11,13 @@
 //! Code map:
 //! - `workload.rs`: a workload's requests; Mooncake JSONL and OpenAI
 //!   `messages` files with line-numbered errors; format detection.
-//! - `synthetic.rs`: seeded generators (`chat`, `agentic`, `noreuse`).
+//! - `synthetic.rs`: seeded generators (`chat`, `agentic`, `noreuse`;
+//!   `lora` in `synthetic/lora.rs`).
 //! - `capacity.rs`: the acceptance fleet and its KV capacity derivation.
 //! - `oracle.rs`: the pooled-LRU oracle, the unlimited-cache ceiling and
 //!   the TTFT floor.
+//! - `pools.rs`: model pools: each pool's own oracle, and per run the
+//!   adapter loads, model violations and hit rate ÷ pool oracle.
 //! - `fleet.rs`: the virtual-time discrete-event fleet (engines, index,
 //!   router, deliveries).
 //! - `metrics.rs`: per-run summaries (TTFT, ITL, E2E, hit rate, imbalance).
@@ -29,6 +32,7 @@ mod fleet;
 mod metrics;
 mod oracle;
 mod plots;
+mod pools;
 mod report;
 mod run;
 mod scoreboard;
@@ -39,16 +43,17 @@ pub use capacity::{FleetSpec, KvMemoryModel};
 pub use error::{LineError, ReplayError};
 pub use fleet::{Fleet, LoadSample, Record};
 pub use metrics::{max_over_mean, Distribution, RunSummary};
-pub use oracle::{oracle_hit_rates, FloorModel, OracleHitRates, PooledLru};
+pub use oracle::{oracle_hit_rates, oracle_hit_rates_of, FloorModel, OracleHitRates, PooledLru};
 pub use plots::{line_chart, write_plots, Line};
+pub use pools::{combined_oracle, pool_bounds, wants_pools, PoolBound, PoolRun, PoolRunStat};
 pub use report::{render_table, Report, WorkloadInfo};
 pub use run::{
-    find_load_levels, run_matrix, run_policy, run_policy_fleet, Level, LevelSearch, Progress,
-    RunOptions,
+    find_load_levels, run_matrix, run_matrix_pools, run_policy, run_policy_fleet, Level,
+    LevelSearch, Progress, RunOptions,
 };
 pub use scoreboard::{render_scoreboard, scoreboard, LevelScore, PolicyScore};
-pub use synthetic::{SyntheticKind, SyntheticSpec};
+pub use synthetic::{adapter_name, model_name, SyntheticKind, SyntheticSpec};
 pub use workload::{
     detect_format, mooncake_tokens, parse_messages, parse_mooncake, Prompt, TraceFormat,
-    TraceRequest, Workload, MOONCAKE_BLOCK_TOKENS,
+    TraceRequest, Workload, DEFAULT_MODEL, MOONCAKE_BLOCK_TOKENS,
 };

@@ -17,7 +17,7 @@
 //! last). Only prompt blocks are cached: generated tokens never recur in a
 //! trace. Neither depends on the arrival rate.
 
-use kvgate_index::{block_keys, BlockKey};
+use kvgate_index::BlockKey;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::workload::Workload;
@@ -169,13 +169,31 @@ pub fn oracle_hit_rates(
     capacity_blocks: usize,
     floor: Option<&FloorModel>,
 ) -> OracleHitRates {
+    oracle_hit_rates_of(workload, block_size, capacity_blocks, floor, |_| true)
+}
+
+/// [`oracle_hit_rates`] over the requests `keep` accepts (by index): one
+/// model pool's requests against that pool's capacity (`pools.rs`).
+pub fn oracle_hit_rates_of(
+    workload: &Workload,
+    block_size: usize,
+    capacity_blocks: usize,
+    floor: Option<&FloorModel>,
+    keep: impl Fn(usize) -> bool,
+) -> OracleHitRates {
     let mut lru = PooledLru::new(capacity_blocks);
     let mut seen: FxHashSet<u64> = FxHashSet::default();
     let (mut total, mut lru_hits, mut ceiling_hits) = (0u64, 0u64, 0u64);
-    let mut floor_ms = 0.0;
-    for r in &workload.requests {
+    let (mut floor_ms, mut n) = (0.0, 0usize);
+    for (i, r) in workload.requests.iter().enumerate() {
+        if !keep(i) {
+            continue;
+        }
+        n += 1;
         let tokens = r.prompt.tokens();
-        let keys = block_keys(&tokens, block_size, None);
+        // The adapter is part of the key: its blocks never serve the base
+        // model or another adapter, in the oracle as in the engine.
+        let keys = r.block_keys(&tokens, block_size);
         total += tokens.len() as u64;
         let hit = hit_tokens(prefix_len(&keys, |k| lru.contains(k)), tokens.len(), block_size);
         lru_hits += hit;
@@ -190,11 +208,10 @@ pub fn oracle_hit_rates(
         }
     }
     let rate = |h: u64| if total == 0 { 0.0 } else { h as f64 / total as f64 };
-    let n = workload.requests.len().max(1) as f64;
     OracleHitRates {
         oracle: rate(lru_hits),
         ceiling: rate(ceiling_hits),
-        ttft_floor_ms: floor.map(|_| floor_ms / n),
+        ttft_floor_ms: floor.map(|_| floor_ms / n.max(1) as f64),
     }
 }
 
@@ -249,16 +266,18 @@ mod tests {
     fn bounds_on_a_tiny_workload() {
         use crate::workload::{Prompt, TraceRequest};
         use std::time::Duration;
-        let req = |ids: Vec<u64>, len: u32| TraceRequest {
-            arrival: Duration::ZERO,
-            prompt: Prompt::Blocks { hash_ids: ids, input_length: len },
-            output_tokens: 1,
+        let req = |ids: Vec<u64>, len: u32| {
+            TraceRequest::plain(
+                Duration::ZERO,
+                Prompt::Blocks { hash_ids: ids, input_length: len },
+                1,
+            )
         };
         // 1024 tokens = 64 blocks each; the second repeats the first exactly.
         let w = Workload {
             name: "t".into(),
             requests: vec![req(vec![1, 2], 1024), req(vec![1, 2], 1024), req(vec![3, 4], 1024)],
-            skipped: Vec::new(),
+            ..Workload::default()
         };
         let unlimited = oracle_hit_rates(&w, 16, 1 << 20, None);
         // Second request: all but the last token → 1023 of 3072.

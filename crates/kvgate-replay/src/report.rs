@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::capacity::FleetSpec;
 use crate::error::LineError;
 use crate::metrics::RunSummary;
+use crate::pools::{combined_oracle, PoolBound, PoolRun};
 use crate::run::LevelSearch;
 use crate::workload::Workload;
 
@@ -52,10 +53,15 @@ struct FleetInfo {
     max_num_batched_tokens: u32,
     max_num_seqs: u32,
     event_delay_ms: f64,
+    /// GPU LoRA adapter slots per engine.
+    max_loras: u32,
+    /// The model of each pool, in order (empty: one pool for every request).
+    pools: Vec<String>,
 }
 
-/// The whole `--json` document.
-#[derive(Clone, Debug, Serialize)]
+/// The whole `--json` document (serialised through `ReportJson`, which
+/// puts each run's pool figures into the run's object).
+#[derive(Clone, Debug)]
 pub struct Report {
     /// `fast` (or `live`).
     pub mode: String,
@@ -72,6 +78,62 @@ pub struct Report {
     pub levels: Option<LevelSearch>,
     /// One entry per (rate, policy).
     pub runs: Vec<RunSummary>,
+    /// Each model pool's own oracle, for a workload with models or
+    /// adapters ([`Report::with_pools`]).
+    pub pools: Option<Vec<PoolBound>>,
+    /// Per run (same order as `runs`), its pool and adapter figures.
+    pub pool_runs: Vec<Option<PoolRun>>,
+}
+
+/// One run in the JSON: the summary's fields, then the pool figures.
+#[derive(Serialize)]
+struct RunJson<'a> {
+    #[serde(flatten)]
+    run: &'a RunSummary,
+    #[serde(flatten)]
+    pools: Option<&'a PoolRun>,
+}
+
+#[derive(Serialize)]
+struct ReportJson<'a> {
+    mode: &'a str,
+    seed: u64,
+    workload: &'a WorkloadInfo,
+    fleet: &'a FleetInfo,
+    oracle_hit_rate: f64,
+    ceiling_hit_rate: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pool_oracle_hit_rate: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pools: Option<&'a [PoolBound]>,
+    levels: &'a Option<LevelSearch>,
+    runs: Vec<RunJson<'a>>,
+}
+
+impl Serialize for Report {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        ReportJson {
+            mode: &self.mode,
+            seed: self.seed,
+            workload: &self.workload,
+            fleet: &self.fleet,
+            oracle_hit_rate: self.oracle_hit_rate,
+            ceiling_hit_rate: self.ceiling_hit_rate,
+            pool_oracle_hit_rate: self.pools.as_deref().map(combined_oracle),
+            pools: self.pools.as_deref(),
+            levels: &self.levels,
+            runs: self
+                .runs
+                .iter()
+                .enumerate()
+                .map(|(i, run)| RunJson {
+                    run,
+                    pools: self.pool_runs.get(i).and_then(Option::as_ref),
+                })
+                .collect(),
+        }
+        .serialize(s)
+    }
 }
 
 impl Report {
@@ -96,12 +158,24 @@ impl Report {
                 max_num_batched_tokens: fleet.engine.max_num_batched_tokens,
                 max_num_seqs: fleet.engine.max_num_seqs,
                 event_delay_ms: fleet.event_delay.as_secs_f64() * 1000.0,
+                max_loras: fleet.engine.max_loras,
+                pools: fleet.pools.clone(),
             },
             oracle_hit_rate: oracle.0,
             ceiling_hit_rate: oracle.1,
             levels,
             runs,
+            pools: None,
+            pool_runs: Vec::new(),
         }
+    }
+
+    /// Adds each pool's oracle and every run's pool figures (in `runs`
+    /// order).
+    pub fn with_pools(mut self, pools: Vec<PoolBound>, pool_runs: Vec<Option<PoolRun>>) -> Report {
+        self.pools = Some(pools);
+        self.pool_runs = pool_runs;
+        self
     }
 
     /// Pretty JSON.
@@ -181,5 +255,58 @@ pub fn render_table(report: &Report) -> String {
         );
     }
     s.push_str("(ms; ÷floor = mean TTFT ÷ each request alone on a replica holding its oracle prefix; hit = engine-side hit tokens ÷ queried tokens; imbal = max ÷ mean prefill tokens per replica; shed = requests not served)\n");
+    if let Some(pools) = &report.pools {
+        render_pools(&mut s, report, pools);
+    }
     s
+}
+
+/// The pool and adapter table, below the main one.
+fn render_pools(s: &mut String, report: &Report, pools: &[PoolBound]) {
+    let list: Vec<String> = pools
+        .iter()
+        .map(|b| {
+            let name = if b.model.is_empty() { "all" } else { &b.model };
+            format!(
+                "{name}: {} replicas, {} requests, oracle {:.3}",
+                b.replicas, b.requests, b.oracle_hit_rate
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        s,
+        "\npools ({}); combined pool oracle {:.3}",
+        list.join("; "),
+        combined_oracle(pools)
+    );
+    let _ = write!(
+        s,
+        "{:<15} {:>7} {:>9} {:>9} {:>8} {:>5} {:>9} {:>9}",
+        "policy", "rate x", "loads/1k", "evictions", "rt loads", "viol", "÷pool orc", "1st÷pool"
+    );
+    for b in pools {
+        let name = if b.model.is_empty() { "all" } else { &b.model };
+        let _ = write!(s, " {:>12}", format!("{name} ÷orc"));
+    }
+    s.push('\n');
+    for (r, p) in report.runs.iter().zip(&report.pool_runs) {
+        let Some(p) = p else { continue };
+        let _ = write!(
+            s,
+            "{:<15} {:>7.3} {:>9.1} {:>9} {:>8} {:>5} {:>9.3} {:>9.3}",
+            r.policy,
+            r.rate_scale,
+            p.adapter_loads_per_1k,
+            p.adapter_evictions,
+            p.router_adapter_loads,
+            p.model_violations,
+            p.hit_rate_vs_pool_oracle,
+            p.first_admission_vs_pool_oracle
+        );
+        for x in &p.pools {
+            let _ = write!(s, " {:>12.3}", x.hit_rate_vs_oracle);
+        }
+        s.push('\n');
+    }
+    s.push_str("(loads/1k = engine adapter loads per 1,000 requests; rt loads = routes the router knew would load; viol = requests routed outside their model's pool; ÷pool orc = engine hit rate ÷ the pools' own pooled-LRU oracles, token-weighted; 1st÷pool = first-admission hit rate ÷ the same)\n");
 }

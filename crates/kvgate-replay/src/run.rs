@@ -16,6 +16,7 @@ use crate::error::ReplayError;
 use crate::fleet::Fleet;
 use crate::metrics::RunSummary;
 use crate::oracle::OracleHitRates;
+use crate::pools::{PoolBound, PoolRun};
 use crate::workload::Workload;
 
 /// Called with the number of requests replayed since the last call.
@@ -32,6 +33,19 @@ pub struct RunOptions {
     pub seed: u64,
     /// Worker threads for independent runs.
     pub jobs: usize,
+}
+
+impl RunOptions {
+    /// The fleet shaped for `workload`: one pool per model it names and the
+    /// adapter slots it asks for ([`FleetSpec::for_workload`]); unchanged
+    /// for a one-model workload without a slot count. Every policy runs on
+    /// this same fleet, so every policy gets the same model filter.
+    pub fn fleet_for(&self, workload: &Workload) -> Result<FleetSpec, ReplayError> {
+        if workload.models.is_empty() && workload.max_loras.is_none() {
+            return Ok(self.fleet.clone());
+        }
+        self.fleet.clone().for_workload(workload).map_err(ReplayError::InvalidFleet)
+    }
 }
 
 /// Replays `workload` once under `policy` at `rate_scale`.
@@ -61,7 +75,8 @@ pub fn run_policy_fleet(
     }
     let config =
         RouterConfig { policy, seed: Some(opts.seed), explain_last: 0, ..opts.router.clone() };
-    let mut fleet = Fleet::new(&opts.fleet, config)?;
+    let spec = opts.fleet_for(workload)?;
+    let mut fleet = Fleet::new(&spec, config)?;
     let t0 = Instant::now();
     fleet.run(workload, rate_scale, progress);
     let wall = t0.elapsed().as_secs_f64();
@@ -80,17 +95,33 @@ pub fn run_matrix(
     bounds: OracleHitRates,
     progress: Progress<'_>,
 ) -> Result<Vec<RunSummary>, ReplayError> {
+    let runs = run_matrix_pools(workload, policies, scales, opts, bounds, None, progress)?;
+    Ok(runs.into_iter().map(|r| r.0).collect())
+}
+
+/// [`run_matrix`], with each run's pool and adapter figures against
+/// `pools` (from `pool_bounds`) when given.
+pub fn run_matrix_pools(
+    workload: &Workload,
+    policies: &[PolicyKind],
+    scales: &[f64],
+    opts: &RunOptions,
+    bounds: OracleHitRates,
+    pools: Option<&[PoolBound]>,
+    progress: Progress<'_>,
+) -> Result<Vec<(RunSummary, Option<PoolRun>)>, ReplayError> {
+    type Slot = Option<Result<(RunSummary, Option<PoolRun>), ReplayError>>;
     let pairs: Vec<(f64, PolicyKind)> =
         scales.iter().flat_map(|&s| policies.iter().map(move |&p| (s, p))).collect();
-    let results: Mutex<Vec<Option<Result<RunSummary, ReplayError>>>> =
-        Mutex::new((0..pairs.len()).map(|_| None).collect());
+    let results: Mutex<Vec<Slot>> = Mutex::new((0..pairs.len()).map(|_| None).collect());
     let next = AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for _ in 0..opts.jobs.clamp(1, pairs.len().max(1)) {
             scope.spawn(|| loop {
                 let k = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&(scale, policy)) = pairs.get(k) else { break };
-                let r = run_policy(workload, policy, scale, opts, bounds, progress);
+                let r = run_policy_fleet(workload, policy, scale, opts, bounds, progress)
+                    .map(|(s, fleet)| (s, pools.map(|b| PoolRun::from_fleet(&fleet, workload, b))));
                 if let Ok(mut guard) = results.lock() {
                     guard[k] = Some(r);
                 }

@@ -9,6 +9,8 @@
 //!   whole growing context plus the last step's output and tool result.
 //! - `noreuse`: independent prompts of random tokens: no two share a block.
 //!   With nothing to reuse, a cache-aware policy can only match least load.
+//! - `lora`: chat sessions over several base models and their LoRA adapters
+//!   (`synthetic/lora.rs`).
 //!
 //! Lengths are uniform in `[mean/2, 3·mean/2]`; `rate` is the offered
 //! request rate (requests/s). Equal seeds give equal workloads.
@@ -19,6 +21,9 @@ use std::time::Duration;
 use crate::error::ReplayError;
 use crate::workload::{mix, Prompt, TraceRequest, Workload};
 
+mod lora;
+pub use lora::{adapter_name, model_name};
+
 /// Which generator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyntheticKind {
@@ -28,6 +33,8 @@ pub enum SyntheticKind {
     Agentic,
     /// Unique prompts, no reuse at all.
     NoReuse,
+    /// Chat sessions over base models and their LoRA adapters.
+    Lora,
 }
 
 /// A parsed `synthetic:KIND[,key=value...]` spec.
@@ -71,14 +78,15 @@ fn defaults(kind: SyntheticKind) -> &'static [(&'static str, f64)] {
             ("output_tokens", 128.0),
             ("rate", 30.0),
         ],
+        SyntheticKind::Lora => lora::DEFAULTS,
     }
 }
 
 impl std::str::FromStr for SyntheticSpec {
     type Err = ReplayError;
 
-    /// `chat`, `agentic` or `noreuse`, then `,key=value` pairs (with or
-    /// without the `synthetic:` prefix).
+    /// `chat`, `agentic`, `noreuse` or `lora`, then `,key=value` pairs (with
+    /// or without the `synthetic:` prefix).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.strip_prefix("synthetic:").unwrap_or(s);
         let mut parts = s.split(',');
@@ -86,9 +94,10 @@ impl std::str::FromStr for SyntheticSpec {
             "chat" => SyntheticKind::Chat,
             "agentic" => SyntheticKind::Agentic,
             "noreuse" => SyntheticKind::NoReuse,
+            "lora" => SyntheticKind::Lora,
             k => {
                 return Err(ReplayError::InvalidWorkload(format!(
-                    "unknown generator {k:?}; expected chat, agentic or noreuse"
+                    "unknown generator {k:?}; expected chat, agentic, noreuse or lora"
                 )))
             }
         };
@@ -103,13 +112,20 @@ impl std::str::FromStr for SyntheticSpec {
                 return Err(bad(format!("unknown key {k:?}; expected one of {}", keys.join(", "))));
             }
             let v: f64 = v.parse().map_err(|_| bad(format!("{k}={v:?} is not a number")))?;
-            let positive = k == "seed" || k == "think_s" || k == "step_s";
-            if !v.is_finite() || v < 0.0 || (!positive && v == 0.0) || v > 1e9 {
+            let may_be_zero = k == "seed"
+                || k == "think_s"
+                || k == "step_s"
+                || (kind == SyntheticKind::Lora && lora::MAY_BE_ZERO.contains(&k));
+            if !v.is_finite() || v < 0.0 || (!may_be_zero && v == 0.0) || v > 1e9 {
                 return Err(bad(format!("{k}={v} is out of range")));
             }
             params.insert(k.to_owned(), v);
         }
-        Ok(SyntheticSpec { kind, params })
+        let spec = SyntheticSpec { kind, params };
+        if kind == SyntheticKind::Lora {
+            lora::validate(&spec)?;
+        }
+        Ok(spec)
     }
 }
 
@@ -155,6 +171,7 @@ impl SyntheticSpec {
             SyntheticKind::Chat => "chat",
             SyntheticKind::Agentic => "agentic",
             SyntheticKind::NoReuse => "noreuse",
+            SyntheticKind::Lora => "lora",
         };
         let kv: Vec<String> = self.params.iter().map(|(k, v)| format!("{k}={v}")).collect();
         format!("synthetic:{kind},{}", kv.join(","))
@@ -163,15 +180,18 @@ impl SyntheticSpec {
     /// Generates the workload (`seed` overrides the spec's seed when given).
     pub fn generate(&self, seed: Option<u64>) -> Workload {
         let seed = seed.unwrap_or(self.get("seed") as u64);
-        let mut requests = match self.kind {
-            SyntheticKind::Chat => self.chat(seed),
-            SyntheticKind::Agentic => self.agentic(seed),
-            SyntheticKind::NoReuse => self.noreuse(seed),
+        let (mut requests, models) = match self.kind {
+            SyntheticKind::Chat => (self.chat(seed), Vec::new()),
+            SyntheticKind::Agentic => (self.agentic(seed), Vec::new()),
+            SyntheticKind::NoReuse => (self.noreuse(seed), Vec::new()),
+            SyntheticKind::Lora => lora::generate(self, seed),
         };
         requests.sort_by_key(|r| r.arrival);
         let mut spec = self.clone();
         spec.params.insert("seed".into(), seed as f64);
-        Workload { name: spec.describe(), requests, skipped: Vec::new() }
+        let max_loras =
+            (self.kind == SyntheticKind::Lora).then(|| self.get("max_loras").round() as u32);
+        Workload { name: spec.describe(), requests, models, max_loras, ..Workload::default() }
     }
 
     fn chat(&self, seed: u64) -> Vec<TraceRequest> {
@@ -190,25 +210,42 @@ impl SyntheticSpec {
         for c in 0..n_conv {
             start += clock.exp_s(1.0 / conv_rate);
             let mut rng = Rng::new(seed, 1000 + c as u64);
-            let mut context = systems[(rng.next_u64() % systems.len() as u64) as usize].clone();
-            let mut at = start;
-            for turn in 0..turns {
-                if turn > 0 {
-                    at += rng.exp_s(self.get("think_s"));
-                }
-                let n_user = rng.around(self.get("user_tokens"));
-                context.extend(rng.tokens(n_user));
-                let output = rng.around(self.get("output_tokens"));
-                out.push(TraceRequest {
-                    arrival: Duration::from_secs_f64(at),
-                    prompt: Prompt::Tokens(context.clone()),
-                    output_tokens: output as u32,
-                });
-                // The assistant's answer joins the history of the next turn.
-                context.extend(rng.tokens(output));
-            }
+            let system = systems[(rng.next_u64() % systems.len() as u64) as usize].clone();
+            self.conversation(&mut rng, system, start, (0, None), &mut out);
         }
         out
+    }
+
+    /// One chat conversation of `turns` turns starting at `start` seconds
+    /// from `system`: each turn adds a user message, re-sends the whole
+    /// history, and its answer joins the history of the next turn. Every
+    /// request is for `model` (and its `adapter`, if any).
+    fn conversation(
+        &self,
+        rng: &mut Rng,
+        system: Vec<u32>,
+        start: f64,
+        (model, adapter): (u32, Option<String>),
+        out: &mut Vec<TraceRequest>,
+    ) {
+        let mut context = system;
+        let mut at = start;
+        for turn in 0..self.count("turns") {
+            if turn > 0 {
+                at += rng.exp_s(self.get("think_s"));
+            }
+            let n_user = rng.around(self.get("user_tokens"));
+            context.extend(rng.tokens(n_user));
+            let output = rng.around(self.get("output_tokens"));
+            out.push(TraceRequest {
+                arrival: Duration::from_secs_f64(at),
+                prompt: Prompt::Tokens(context.clone()),
+                output_tokens: output as u32,
+                model,
+                adapter: adapter.clone(),
+            });
+            context.extend(rng.tokens(output));
+        }
     }
 
     fn agentic(&self, seed: u64) -> Vec<TraceRequest> {
@@ -235,6 +272,8 @@ impl SyntheticSpec {
                     arrival: Duration::from_secs_f64(at),
                     prompt: Prompt::Tokens(context.clone()),
                     output_tokens: output as u32,
+                    model: 0,
+                    adapter: None,
                 });
                 // The model's tool call and the tool's result are re-sent.
                 let n_step = output + rng.around(self.get("step_tokens"));
@@ -256,6 +295,8 @@ impl SyntheticSpec {
                     arrival: Duration::from_secs_f64(at),
                     prompt: Prompt::Tokens(rng.tokens(n)),
                     output_tokens: rng.around(self.get("output_tokens")) as u32,
+                    model: 0,
+                    adapter: None,
                 }
             })
             .collect()

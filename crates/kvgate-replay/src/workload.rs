@@ -80,6 +80,25 @@ pub struct TraceRequest {
     pub prompt: Prompt,
     /// Output tokens to generate (`max_tokens`, EOS ignored).
     pub output_tokens: u32,
+    /// The base model it names: an index into [`Workload::models`] (0 when
+    /// the workload has one model). Only that model's pool may serve it.
+    pub model: u32,
+    /// The LoRA adapter it names, if any. It is folded into the block keys,
+    /// as vLLM folds it into its block hashes.
+    pub adapter: Option<String>,
+}
+
+impl TraceRequest {
+    /// A request for the base model (pool 0), without an adapter.
+    pub fn plain(arrival: Duration, prompt: Prompt, output_tokens: u32) -> TraceRequest {
+        TraceRequest { arrival, prompt, output_tokens, model: 0, adapter: None }
+    }
+
+    /// The block keys of `tokens` (this request's prompt) as the index and
+    /// the router see them: the adapter's name folded in.
+    pub fn block_keys(&self, tokens: &[u32], block_size: usize) -> Vec<kvgate_index::BlockKey> {
+        kvgate_index::block_keys(tokens, block_size, self.adapter.as_deref())
+    }
 }
 
 /// A whole workload.
@@ -91,6 +110,12 @@ pub struct Workload {
     pub requests: Vec<TraceRequest>,
     /// Lines skipped as malformed.
     pub skipped: Vec<LineError>,
+    /// The base models its requests name (`TraceRequest::model` indexes
+    /// it); empty for a one-model workload. A fleet gives each its own pool.
+    pub models: Vec<String>,
+    /// GPU LoRA slots per engine the workload asks for (`synthetic:lora`'s
+    /// `max_loras`); `None` keeps the fleet's.
+    pub max_loras: Option<u32>,
 }
 
 impl Workload {
@@ -114,6 +139,16 @@ impl Workload {
     /// Total prompt tokens.
     pub fn prompt_tokens(&self) -> u64 {
         self.requests.iter().map(|r| r.prompt.len() as u64).sum()
+    }
+
+    /// Whether any request names a LoRA adapter.
+    pub fn has_adapters(&self) -> bool {
+        self.requests.iter().any(|r| r.adapter.is_some())
+    }
+
+    /// The name of request `i`'s model (`""` for a one-model workload).
+    pub fn model_name(&self, i: usize) -> &str {
+        self.models.get(self.requests[i].model as usize).map_or("", String::as_str)
     }
 
     fn sort(&mut self) {
@@ -216,12 +251,12 @@ fn mooncake_line(line: &str) -> Result<TraceRequest, String> {
             m.hash_ids.len()
         ));
     }
-    Ok(TraceRequest {
-        arrival: Duration::from_secs_f64(m.timestamp / 1000.0),
-        prompt: Prompt::Blocks { hash_ids: m.hash_ids, input_length: m.input_length as u32 },
+    Ok(TraceRequest::plain(
+        Duration::from_secs_f64(m.timestamp / 1000.0),
+        Prompt::Blocks { hash_ids: m.hash_ids, input_length: m.input_length as u32 },
         // The engine needs at least one output token.
-        output_tokens: m.output_length.clamp(1, u64::from(u32::MAX)) as u32,
-    })
+        m.output_length.clamp(1, u64::from(u32::MAX)) as u32,
+    ))
 }
 
 /// Collects parsed lines; a bad one is skipped or, when `strict`, the error.
@@ -265,11 +300,24 @@ struct MessagesLine {
     max_tokens: Option<u32>,
     #[serde(default)]
     output_length: Option<u32>,
+    /// The base model (pool) the line is for; lines without one go to the
+    /// pool named [`DEFAULT_MODEL`] when others name one.
+    #[serde(default)]
+    model: Option<String>,
+    /// A LoRA adapter of that model.
+    #[serde(default)]
+    adapter: Option<String>,
 }
+
+/// The model of `messages` lines that name none, in a file where some do.
+pub const DEFAULT_MODEL: &str = "default";
 
 /// Parses OpenAI `messages` lines, rendering each through `tokenizer`'s chat
 /// template (generation prompt on, as a chat request). Lines without a
-/// `timestamp` (ms) arrive one second after the previous line.
+/// `timestamp` (ms) arrive one second after the previous line. An optional
+/// `model` picks the base model's pool and `adapter` a LoRA adapter of it
+/// (replay's own keys: vLLM names the adapter in `model`, which needs a
+/// model→adapter table that a trace line does not carry).
 pub fn parse_messages(
     text: &str,
     strict: bool,
@@ -278,7 +326,8 @@ pub fn parse_messages(
 ) -> Result<Workload, ReplayError> {
     let mut previous = Duration::ZERO;
     let mut first = true;
-    parse_lines(text, strict, name, |_, l| {
+    let mut models: Vec<String> = Vec::new();
+    let mut w = parse_lines(text, strict, name, |_, l| {
         let m: MessagesLine = serde_json::from_str(l).map_err(|e| e.to_string())?;
         let arrival = match m.timestamp {
             Some(t) if t.is_finite() && t >= 0.0 => Duration::from_secs_f64(t / 1000.0),
@@ -298,8 +347,28 @@ pub fn parse_messages(
         first = false;
         previous = arrival;
         let output = m.max_tokens.or(m.output_length).unwrap_or(DEFAULT_OUTPUT_TOKENS).max(1);
-        Ok(TraceRequest { arrival, prompt: Prompt::Tokens(tokens), output_tokens: output })
-    })
+        let model = m.model.as_deref().filter(|s| !s.is_empty()).unwrap_or(DEFAULT_MODEL);
+        let model = match models.iter().position(|x| x == model) {
+            Some(k) => k,
+            None => {
+                models.push(model.to_owned());
+                models.len() - 1
+            }
+        } as u32;
+        let adapter = m.adapter.filter(|a| !a.is_empty());
+        Ok(TraceRequest {
+            arrival,
+            prompt: Prompt::Tokens(tokens),
+            output_tokens: output,
+            model,
+            adapter,
+        })
+    })?;
+    // A file that names no model is a one-model workload, as before.
+    if models.len() > 1 || models.first().is_some_and(|m| m != DEFAULT_MODEL) {
+        w.models = models;
+    }
+    Ok(w)
 }
 
 #[cfg(test)]
@@ -399,6 +468,26 @@ mod tests {
         let c = "garbage\n{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}";
         assert_eq!(detect_format(c).unwrap(), TraceFormat::Messages);
         assert!(detect_format("{}\n[1]").is_err());
+    }
+
+    #[test]
+    fn messages_may_name_a_model_and_an_adapter() {
+        let tok = ChatTokenizer::bundled().unwrap();
+        let hi = "[{\"role\": \"user\", \"content\": \"hi\"}]";
+        let text = format!(
+            "{{\"messages\": {hi}, \"model\": \"a\"}}\n\
+             {{\"messages\": {hi}, \"model\": \"b\", \"adapter\": \"b-sql\"}}\n\
+             {{\"messages\": {hi}}}\n"
+        );
+        let w = parse_messages(&text, true, "m", &tok).unwrap();
+        assert_eq!(w.models, ["a", "b", DEFAULT_MODEL]);
+        assert_eq!(w.requests.iter().map(|r| r.model).collect::<Vec<_>>(), [0, 1, 2]);
+        assert_eq!(w.requests[1].adapter.as_deref(), Some("b-sql"));
+        assert_eq!(w.model_name(1), "b");
+        assert!(w.has_adapters());
+        // Without any `model`, a one-model workload as before.
+        let plain = parse_messages(&format!("{{\"messages\": {hi}}}"), true, "m", &tok).unwrap();
+        assert!(plain.models.is_empty() && !plain.has_adapters());
     }
 
     #[test]

@@ -291,6 +291,12 @@ pub(crate) struct FleetCalibration {
     /// request of a startup burst, queued behind each other (issue 17's
     /// random cell: its p99 was those requests).
     ttft_prefill: RobustLine,
+    /// Seconds a LoRA adapter load adds before the prefill, from the TTFTs
+    /// of requests routed where the adapter had no slot (the residual once
+    /// the prefill line and transfers are taken out), like a cold prefix.
+    /// One estimate per router: a load's time is the engine's and the
+    /// adapter's, not one replica's.
+    adapter_load: RobustRate,
 }
 
 impl FleetCalibration {
@@ -308,12 +314,28 @@ impl FleetCalibration {
         })
     }
 
-    pub(crate) fn new(prefill_s_per_token: f64, overhead_s: f64, decode_step_s: f64) -> Self {
+    pub(crate) fn new(
+        prefill_s_per_token: f64,
+        overhead_s: f64,
+        decode_step_s: f64,
+        adapter_load_s: f64,
+    ) -> Self {
         FleetCalibration {
             prefill: RobustLine::keeping_slope(prefill_s_per_token, overhead_s),
             decode_step: RobustRate::new(decode_step_s.max(1e-6)),
             ttft_prefill: RobustLine::new(prefill_s_per_token, overhead_s),
+            adapter_load: RobustRate::new(adapter_load_s.max(1e-4)),
         }
+    }
+
+    /// Seconds an adapter load is expected to take.
+    pub(crate) fn adapter_load_s(&self) -> f64 {
+        self.adapter_load.estimate()
+    }
+
+    /// Adds one adapter-load sample (`TtftSamples::adapter_load_s`).
+    pub(crate) fn observe_adapter_load(&mut self, s: f64, cfg: &CalibrationConfig) {
+        self.adapter_load.observe(s, cfg);
     }
 
     /// Adds one replica's TTFT sample (`ReplicaCalibration::observe`).
@@ -403,9 +425,21 @@ pub(crate) struct SampleBasis {
     pub(crate) prefill_tokens: u64,
     /// Blocks to load from CPU and from storage.
     pub(crate) lower_blocks: [u32; 2],
-    /// Predicted seconds of decode interference (not prefill, transfer or
-    /// fixed overhead).
+    /// Predicted seconds of decode interference and of waiting for an
+    /// adapter slot (not prefill, transfer, adapter load or fixed overhead).
     pub(crate) other_s: f64,
+    /// The adapter had no slot there: the TTFT includes its load, so the
+    /// sample measures the load and not the prefill line.
+    pub(crate) adapter_load: bool,
+}
+
+/// What one observed TTFT gave (`ReplicaCalibration::observe`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct TtftSamples {
+    /// The prefill-line sample (work, seconds), for the fleet's pooled line.
+    pub(crate) line: Option<(f64, f64)>,
+    /// Seconds the adapter load took, for the fleet's load estimate.
+    pub(crate) adapter_load_s: Option<f64>,
 }
 
 impl ReplicaCalibration {
@@ -491,26 +525,34 @@ impl ReplicaCalibration {
         out
     }
 
-    /// Turns an observed TTFT into samples; returns the prefill-line sample
-    /// (work, seconds) when it took one, for the fleet's pooled line.
+    /// Turns an observed TTFT into samples; returns those the fleet pools.
     pub(crate) fn observe(
         &mut self,
         basis: &SampleBasis,
         ttft_s: f64,
         cfg: &CalibrationConfig,
-    ) -> Option<(f64, f64)> {
+    ) -> TtftSamples {
+        let mut out = TtftSamples::default();
         if !cfg.enabled || !ttft_s.is_finite() {
-            return None;
+            return out;
         }
         let [cpu_blocks, storage_blocks] = basis.lower_blocks.map(f64::from);
         let transfer = cpu_blocks * self.cpu.estimate() + storage_blocks * self.storage.estimate();
         let residual = ttft_s - basis.other_s;
+        if basis.adapter_load {
+            // A load hides in this TTFT: what the line and transfers do not
+            // explain is the load's, and nothing else is learnt from it (a
+            // load counted as prefill would make the replica look slow).
+            let (slope, intercept) = self.prefill_line();
+            let prefill_s = intercept + basis.prefill_tokens as f64 * slope;
+            out.adapter_load_s = Some(residual - transfer - prefill_s);
+            return out;
+        }
         // The engine's own measurements, when it gives them, own the line.
-        let mut line_sample = None;
         if self.engine_prefill.samples() == 0 {
             let (x, y) = (basis.prefill_tokens as f64, residual - transfer);
             self.prefill.observe(x, y, cfg);
-            line_sample = Some((x, y));
+            out.line = Some((x, y));
         }
         // Transfer samples only where transfers are a visible share.
         let (slope, intercept) = self.prefill_line();
@@ -520,7 +562,7 @@ impl ReplicaCalibration {
         } else if storage_blocks > 0.0 && cpu_blocks == 0.0 && transfer >= 0.1 * prefill_s {
             self.storage.observe((residual - prefill_s) / storage_blocks, cfg);
         }
-        line_sample
+        out
     }
 }
 
@@ -580,7 +622,12 @@ mod tests {
         // 3 ms of overhead, and 10 ms of modelled interference.
         let mut cal = ReplicaCalibration::new(1e-4, 0.02, 1e-4, 1e-3, 0.01);
         for tokens in [1000u64, 4000, 2500, 8000, 300, 6000, 5000, 512, 700] {
-            let basis = SampleBasis { prefill_tokens: tokens, lower_blocks: [0, 0], other_s: 0.01 };
+            let basis = SampleBasis {
+                prefill_tokens: tokens,
+                lower_blocks: [0, 0],
+                other_s: 0.01,
+                adapter_load: false,
+            };
             cal.observe(&basis, 0.01 + 0.003 + 2e-4 * tokens as f64, &c);
         }
         let (s, o) = (cal.prefill.slope(), cal.prefill.intercept());
@@ -629,7 +676,7 @@ mod tests {
     fn replicas_route_on_the_pooled_line_unless_per_replica() {
         let mut c = cfg();
         let prior = 1.0 / 16_000.0;
-        let mut fleet = FleetCalibration::new(prior, 0.02, 0.01);
+        let mut fleet = FleetCalibration::new(prior, 0.02, 0.01, 0.05);
         let mut fast = ReplicaCalibration::new(prior, 0.02, 1e-4, 1e-3, 0.01);
         let mut slow = fast.clone();
         let (mut tf, mut ts) = (EngineTiming::default(), EngineTiming::default());
@@ -662,13 +709,18 @@ mod tests {
         // sims). Only `served` has seen first tokens yet.
         let prior = 1.0 / 16_000.0;
         let sigma = prior / 4.0;
-        let mut fleet = FleetCalibration::new(prior, 0.02, 0.01);
+        let mut fleet = FleetCalibration::new(prior, 0.02, 0.01, 0.05);
         let mut served = ReplicaCalibration::new(prior, 0.02, 1e-4, 1e-3, 0.01);
         let idle = served.clone();
         for i in 0..12u64 {
             let tokens = 512 + (i * 977) % 4000;
-            let basis = SampleBasis { prefill_tokens: tokens, lower_blocks: [0, 0], other_s: 0.0 };
-            let (x, y) = served.observe(&basis, 0.005 + sigma * tokens as f64, &c).unwrap();
+            let basis = SampleBasis {
+                prefill_tokens: tokens,
+                lower_blocks: [0, 0],
+                other_s: 0.0,
+                adapter_load: false,
+            };
+            let (x, y) = served.observe(&basis, 0.005 + sigma * tokens as f64, &c).line.unwrap();
             fleet.observe_ttft(x, y, &c);
         }
         let (a, b) = (served.calibrated(&fleet, &c), idle.calibrated(&fleet, &c));
@@ -683,7 +735,7 @@ mod tests {
         assert_eq!(a.prefill_s_per_token, served.prefill_line().0);
         assert_eq!(b.prefill_s_per_token, fleet.ttft_prefill.slope());
         // With no sample anywhere, the prior.
-        let empty = FleetCalibration::new(prior, 0.02, 0.01);
+        let empty = FleetCalibration::new(prior, 0.02, 0.01, 0.05);
         let b = idle.calibrated(&empty, &c);
         assert_eq!((b.source, b.prefill_s_per_token), (CalibrationSource::Prior, prior));
         // Once engine samples own a replica's line it feeds no TTFT sample.
@@ -691,8 +743,13 @@ mod tests {
         served.observe_engine(&t, &c);
         grow(&mut t, 1, 2048, sigma, 0.006);
         served.observe_engine(&t, &c);
-        let basis = SampleBasis { prefill_tokens: 2048, lower_blocks: [0, 0], other_s: 0.0 };
-        assert_eq!(served.observe(&basis, 0.05, &c), None);
+        let basis = SampleBasis {
+            prefill_tokens: 2048,
+            lower_blocks: [0, 0],
+            other_s: 0.0,
+            adapter_load: false,
+        };
+        assert_eq!(served.observe(&basis, 0.05, &c).line, None);
     }
 
     #[test]
@@ -715,7 +772,12 @@ mod tests {
         assert!((o - 0.006).abs() < 1e-4, "{o}");
         assert!((cal.decode_step.estimate() - 0.005).abs() < 1e-9);
         // TTFT samples no longer move the line.
-        let basis = SampleBasis { prefill_tokens: 1000, lower_blocks: [0, 0], other_s: 0.0 };
+        let basis = SampleBasis {
+            prefill_tokens: 1000,
+            lower_blocks: [0, 0],
+            other_s: 0.0,
+            adapter_load: false,
+        };
         for _ in 0..20 {
             cal.observe(&basis, 5.0, &c);
         }

@@ -160,6 +160,12 @@ pub struct CostModelConfig {
     pub future_work_weight: f64,
     /// Output tokens assumed when a request gives no `max_tokens`.
     pub default_output_tokens: u32,
+    /// Time to load a LoRA adapter's weights into a GPU slot of a replica
+    /// that does not hold it (vLLM's `--max-loras` slots), ms: a request
+    /// for it waits that long before its prefill. The prior of a calibrated
+    /// estimate (`calibrate.rs`). Charged only where the replica's slot
+    /// count is known (`vllm:lora_requests_info`).
+    pub adapter_load_ms: f64,
 }
 
 impl Default for CostModelConfig {
@@ -177,6 +183,7 @@ impl Default for CostModelConfig {
             decode_delay_weight: 0.05,
             future_work_weight: 1.0,
             default_output_tokens: 256,
+            adapter_load_ms: 50.0,
         }
     }
 }
@@ -352,6 +359,7 @@ impl RouterConfig {
             ("cost.work_weight", c.work_weight),
             ("cost.decode_delay_weight", c.decode_delay_weight),
             ("cost.future_work_weight", c.future_work_weight),
+            ("cost.adapter_load_ms", c.adapter_load_ms),
             ("epsilon", self.epsilon),
             ("linear_overlap_weight", self.linear_overlap_weight),
             ("busy_kv_usage", self.busy_kv_usage),

@@ -7,10 +7,11 @@
 //! queue    = σ × P                       P: pending prefill tokens ahead
 //! prefill  = σ × U                       σ: calibrated seconds per token
 //! transfer = τ_cpu × cpu blocks + τ_storage × storage blocks
+//! adapter  = load (adapter not in a GPU slot) + slot wait (every slot busy)
 //! steps    = max(1, (P + U) / max_num_batched_tokens)
 //! interf.  = steps × min(decode_step + decode_per_seq × D, measured step)   if D > 0, else 0
 //!            (the measured step is the engine's mean inter-token latency)
-//! ttft     = queue + prefill + transfer + interf. + overhead      (calibrated)
+//! ttft     = queue + prefill + transfer + interf. + adapter + overhead
 //! pressure = σ × kv_pressure_tokens × ((u - start) / (1 - start))²    u: KV occupancy after booking
 //! cost     = ttft + pressure + work_weight × busy × σ × (U − U_min)
 //!                 + decode_delay_weight × D × σ × U
@@ -63,6 +64,10 @@ pub struct CostInputs {
     /// The engine's measured decode step in seconds; `None` uses the
     /// configured `decode_step_ms`.
     pub decode_step_s: Option<f64>,
+    /// Seconds before the prefill can start because of the request's LoRA
+    /// adapter: its load into a GPU slot, and the wait for a free slot
+    /// (decide.rs works it out from the adapter table and the ledger).
+    pub adapter_s: f64,
 }
 
 /// The model's breakdown for one candidate.
@@ -80,6 +85,8 @@ pub struct Prediction {
     pub interference_s: f64,
     /// Fixed seconds of the first step.
     pub overhead_s: f64,
+    /// Seconds waiting for the request's LoRA adapter (load, free slot).
+    pub adapter_s: f64,
     /// Predicted time to first token.
     pub ttft_s: f64,
     /// The decode-pressure penalty.
@@ -112,7 +119,8 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
         0.0
     };
     let overhead_s = x.overhead_s;
-    let ttft_s = queue_s + prefill_s + transfer_s + interference_s + overhead_s;
+    let adapter_s = x.adapter_s;
+    let ttft_s = queue_s + prefill_s + transfer_s + interference_s + adapter_s + overhead_s;
     let pressure_s = if x.kv_capacity_blocks > 0 {
         // (u - start) / (1 - start) with u = blocks / capacity, as one
         // division: this runs once per replica per decision.
@@ -134,6 +142,7 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
         transfer_s,
         interference_s,
         overhead_s,
+        adapter_s,
         ttft_s,
         pressure_s,
         cost,

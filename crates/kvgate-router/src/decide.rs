@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 
 use kvgate_index::{BlockKey, Index, PrefixMatch, ReplicaId};
 
+use crate::adapters::AdapterId;
 use crate::calibrate::SampleBasis;
 use crate::config::{AdmissionMode, PolicyKind};
 use crate::cost::{
     decode_delay_charge, future_charge, predict, work_charge, CostInputs, Prediction,
 };
 use crate::explain::{Candidate, Explanation, Reason};
-use crate::ledger::Booking;
+use crate::ledger::{Booking, RouteView};
 use crate::replica::Health;
 use crate::router::{Router, RouterMetrics};
 
@@ -35,6 +36,9 @@ pub struct RouteRequest<'a> {
     pub queued_since: Option<Instant>,
     /// Replicas not to use for this request (a retry after they failed it).
     pub exclude: &'a [ReplicaId],
+    /// The LoRA adapter the request names, if any: replicas that hold it in
+    /// a GPU slot skip its load (`adapters.rs`).
+    pub adapter: Option<&'a str>,
 }
 
 /// Why a request was not routed.
@@ -125,7 +129,8 @@ impl Router {
         let mut preds = std::mem::take(&mut self.scratch_preds);
         preds.clear();
         cands.clear();
-        self.gather(req, matches, now, &mut cands, &mut preds);
+        let adapter = req.adapter.and_then(|a| self.adapters.intern(a));
+        self.gather(req, adapter, matches, now, &mut cands, &mut preds);
 
         let usable = |c: &Candidate| c.health != Health::Down && !req.exclude.contains(&c.replica);
         let routable = cands.iter().filter(|c| usable(c)).count();
@@ -153,10 +158,12 @@ impl Router {
             Ok(Some((i, reason))) => {
                 let (pred, c) = (preds[i], cands[i]);
                 let cached = c.overlap_blocks.iter().sum::<u32>() + c.tentative_blocks;
+                let load_s = adapter.map_or(0.0, |a| self.adapter_load_s(c.replica, a));
                 let basis = SampleBasis {
                     prefill_tokens: c.pending_prefill_tokens + pred.uncached_tokens,
                     lower_blocks: [c.overlap_blocks[1], c.overlap_blocks[2]],
-                    other_s: pred.interference_s,
+                    other_s: pred.interference_s + (pred.adapter_s - load_s).max(0.0),
+                    adapter_load: load_s > 0.0,
                 };
                 let block_size = self.block_size(c.replica);
                 let blocks = new_blocks(req, cached, block_size, self.output_tokens(req));
@@ -165,9 +172,16 @@ impl Router {
                     pred.uncached_tokens,
                     blocks,
                     Some(basis),
+                    adapter,
                     now,
                 );
                 let booking = Booking::new(id, c.replica);
+                if let Some(a) = adapter {
+                    let slots = self.adapters.max_loras(c.replica) > 0;
+                    if self.adapters.touch(c.replica, a) && slots {
+                        RouterMetrics::inc(&self.metrics.adapter_loads);
+                    }
+                }
                 if policy == PolicyKind::KvAware && c.health == Health::Healthy {
                     let from = (cached as usize).min(req.keys.len());
                     self.tentative.add(c.replica, &req.keys[from..], now);
@@ -248,6 +262,7 @@ impl Router {
     fn gather(
         &self,
         req: &RouteRequest<'_>,
+        adapter: Option<AdapterId>,
         matches: &[PrefixMatch],
         now: Instant,
         cands: &mut Vec<Candidate>,
@@ -301,6 +316,7 @@ impl Router {
                     [0.0; 2]
                 },
                 decode_step_s: view.cal.decode_step_s,
+                adapter_s: adapter.map_or(0.0, |a| self.adapter_wait_s(id, a, &view, out_tokens)),
             };
             let pred = predict(&cfg.cost, &x);
             let busy_tokens = cfg.busy_pending_tokens > 0 && queue_tokens > cfg.busy_pending_tokens;
@@ -340,6 +356,45 @@ impl Router {
                 + future_charge(&cfg.cost, p, floor, if busy { excess } else { 0.0 });
             p.cost += w;
             c.score += w;
+        }
+    }
+
+    /// Seconds a request for `adapter` waits on `replica` before its
+    /// prefill (`adapters.rs`): the load when no slot holds it, plus, when
+    /// every slot is held by other adapters' requests in flight, about half
+    /// a request's decode (until the first of them finishes and frees one).
+    /// Nothing where the slot count is unknown.
+    fn adapter_wait_s(
+        &self,
+        replica: ReplicaId,
+        adapter: AdapterId,
+        view: &RouteView<'_>,
+        out_tokens: u64,
+    ) -> f64 {
+        let slots = self.adapters.max_loras(replica);
+        if slots == 0 {
+            return 0.0;
+        }
+        let cost = &self.config.cost;
+        let load = self.adapter_load_s(replica, adapter);
+        let (running, others) = view.adapters_in_flight(adapter);
+        let wait = if !running && others >= slots {
+            let step = view.cal.decode_step_s.unwrap_or(cost.decode_step_ms * 1e-3);
+            0.5 * out_tokens as f64 * step
+        } else {
+            0.0
+        };
+        load + wait
+    }
+
+    /// Seconds loading `adapter` on `replica` would take: none where a slot
+    /// holds it or the slot count is unknown, else the calibrated load
+    /// (`router.cost.adapter_load_ms` until TTFTs have been observed).
+    fn adapter_load_s(&self, replica: ReplicaId, adapter: AdapterId) -> f64 {
+        if self.adapters.max_loras(replica) == 0 || self.adapters.resident(replica, adapter) {
+            0.0
+        } else {
+            self.books.adapter_load_s()
         }
     }
 

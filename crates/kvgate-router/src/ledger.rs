@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use kvgate_index::ReplicaId;
 use rustc_hash::FxHashMap;
 
+use crate::adapters::AdapterId;
 use crate::calibrate::{
     Calibrated, CalibrationSource, FleetCalibration, ReplicaCalibration, SampleBasis,
 };
@@ -123,6 +124,42 @@ pub struct LedgerTotals {
     pub prefill_tokens_released: u64,
 }
 
+/// Totals of several routers (a gateway with several model pools).
+impl std::ops::AddAssign for LedgerTotals {
+    fn add_assign(&mut self, o: LedgerTotals) {
+        let LedgerTotals {
+            booked,
+            first_tokens,
+            finished,
+            cancelled,
+            errored,
+            dropped,
+            expired,
+            reconciled,
+            replica_removed,
+            peer_gone,
+            late_updates,
+            prefill_tokens_booked,
+            prefill_tokens_started,
+            prefill_tokens_released,
+        } = o;
+        self.booked += booked;
+        self.first_tokens += first_tokens;
+        self.finished += finished;
+        self.cancelled += cancelled;
+        self.errored += errored;
+        self.dropped += dropped;
+        self.expired += expired;
+        self.reconciled += reconciled;
+        self.replica_removed += replica_removed;
+        self.peer_gone += peer_gone;
+        self.late_updates += late_updates;
+        self.prefill_tokens_booked += prefill_tokens_booked;
+        self.prefill_tokens_started += prefill_tokens_started;
+        self.prefill_tokens_released += prefill_tokens_released;
+    }
+}
+
 impl LedgerTotals {
     /// All releases, whatever the reason.
     pub fn released(&self) -> u64 {
@@ -178,6 +215,8 @@ struct Entry {
     prefill_tokens: u64,
     blocks: u64,
     basis: Option<SampleBasis>,
+    /// Its LoRA adapter (local bookings only; peers do not say).
+    adapter: Option<AdapterId>,
 }
 
 /// Reconciliation state of one replica.
@@ -196,6 +235,9 @@ struct ReplicaBooks {
     load: ReplicaLoad,
     calibration: ReplicaCalibration,
     reconcile: Reconcile,
+    /// Bookings in flight per adapter: which adapters hold the engine's
+    /// batch slots (`adapters.rs`).
+    adapters: Vec<(AdapterId, u32)>,
 }
 
 /// What one decision reads of one candidate (`Books::route_view`): its
@@ -213,6 +255,14 @@ impl RouteView<'_> {
     /// Requests the engine runs beyond the ledger, and of those, waiting.
     pub(crate) fn external(&self) -> (u32, u32) {
         (self.books.reconcile.external_requests, self.books.reconcile.external_waiting)
+    }
+
+    /// Whether `adapter` has requests in flight here, and how many other
+    /// adapters do (each holds one of the engine's batch slots).
+    pub(crate) fn adapters_in_flight(&self, adapter: AdapterId) -> (bool, u32) {
+        let a = &self.books.adapters;
+        let has = a.iter().any(|&(x, _)| x == adapter);
+        (has, a.len() as u32 - u32::from(has))
     }
 
     /// Seconds per block from CPU and from storage; read only for a
@@ -295,6 +345,7 @@ impl Books {
             1.0 / c.prefill_tokens_per_s,
             c.step_overhead_ms / 1000.0,
             c.decode_step_ms / 1000.0,
+            c.adapter_load_ms / 1000.0,
         );
         Books {
             fleet_calibration,
@@ -335,6 +386,7 @@ impl Books {
             load: ReplicaLoad::default(),
             calibration: cal,
             reconcile: Reconcile::default(),
+            adapters: Vec::new(),
         });
     }
 
@@ -379,6 +431,11 @@ impl Books {
         })
     }
 
+    /// Seconds a LoRA adapter load is expected to take (calibrated).
+    pub(crate) fn adapter_load_s(&self) -> f64 {
+        self.fleet_calibration.adapter_load_s()
+    }
+
     /// The pooled calibration, when every replica routes on it
     /// (`FleetCalibration::pooled`).
     pub(crate) fn pooled_calibration(&self) -> Option<Calibrated> {
@@ -405,6 +462,13 @@ impl Books {
         self.avg_prefill_tokens
     }
 
+    /// Local booking ids start after `base` (before any booking).
+    pub(crate) fn set_id_base(&mut self, base: u64) {
+        if self.totals.booked == 0 {
+            self.next_id = base + 1;
+        }
+    }
+
     /// Books a local request; returns its id.
     pub(crate) fn book_local(
         &mut self,
@@ -412,11 +476,12 @@ impl Books {
         prefill_tokens: u64,
         blocks: u64,
         basis: Option<SampleBasis>,
+        adapter: Option<AdapterId>,
         now: Instant,
     ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.insert((Origin::Local, id), replica, prefill_tokens, blocks, basis, now);
+        self.insert((Origin::Local, id), replica, prefill_tokens, blocks, (basis, adapter), now);
         self.push_change(LedgerChange::Book { id, replica, prefill_tokens, blocks });
         let a = 0.05;
         self.avg_prefill_tokens = if self.totals.booked == 1 {
@@ -445,7 +510,7 @@ impl Books {
         if self.replicas.get(replica.index()).and_then(Option::as_ref).is_none() {
             return false;
         }
-        self.insert(key, replica, prefill_tokens, blocks, None, now);
+        self.insert(key, replica, prefill_tokens, blocks, (None, None), now);
         true
     }
 
@@ -455,10 +520,16 @@ impl Books {
         replica: ReplicaId,
         prefill_tokens: u64,
         blocks: u64,
-        basis: Option<SampleBasis>,
+        (basis, adapter): (Option<SampleBasis>, Option<AdapterId>),
         now: Instant,
     ) {
         if let Some(Some(r)) = self.replicas.get_mut(replica.index()) {
+            if let Some(a) = adapter {
+                match r.adapters.iter_mut().find(|(x, _)| *x == a) {
+                    Some(e) => e.1 += 1,
+                    None => r.adapters.push((a, 1)),
+                }
+            }
             if let Some(b) = &basis {
                 r.calibration.note_booking(b.other_s);
             }
@@ -478,6 +549,7 @@ impl Books {
                 prefill_tokens,
                 blocks,
                 basis,
+                adapter,
             },
         );
     }
@@ -511,8 +583,12 @@ impl Books {
             r.load.prefill_requests -= 1;
             r.load.decoding_requests += 1;
             if let Some(basis) = basis.filter(|_| measured) {
-                if let Some((x, y)) = r.calibration.observe(&basis, ttft.as_secs_f64(), &cal_cfg) {
+                let got = r.calibration.observe(&basis, ttft.as_secs_f64(), &cal_cfg);
+                if let Some((x, y)) = got.line {
                     self.fleet_calibration.observe_ttft(x, y, &cal_cfg);
+                }
+                if let Some(s) = got.adapter_load_s {
+                    self.fleet_calibration.observe_adapter_load(s, &cal_cfg);
                 }
             }
         }
@@ -539,6 +615,12 @@ impl Books {
                 Stage::Decoding => r.load.decoding_requests -= 1,
             }
             r.load.booked_blocks -= e.blocks;
+            if let Some(at) = e.adapter.and_then(|a| r.adapters.iter().position(|(x, _)| *x == a)) {
+                r.adapters[at].1 -= 1;
+                if r.adapters[at].1 == 0 {
+                    r.adapters.swap_remove(at);
+                }
+            }
         }
         if e.stage == Stage::Prefill {
             self.totals.prefill_tokens_released += e.prefill_tokens;

@@ -10,6 +10,7 @@
 //!   reconciliation with engine reports, peer bookings.
 //! - `calibrate.rs`: robust online calibration of prefill and transfer speed.
 //! - `cost.rs`: the predicted-TTFT model ([`predict`]).
+//! - `adapters.rs`: LoRA adapters believed resident in each replica's GPU slots.
 //! - `tentative.rs`: routed-but-unconfirmed blocks.
 //! - `select.rs`: anti-herding choice among near-equal candidates.
 //! - `decide.rs`: the decision path every policy shares ([`Router::decide`]).
@@ -25,6 +26,7 @@
 //! - Nothing here depends on tokio, reads a clock or takes a lock: the
 //!   shell that owns the router serialises access to it.
 
+mod adapters;
 mod approx_tree;
 mod attract;
 mod calibrate;

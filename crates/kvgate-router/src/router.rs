@@ -33,6 +33,10 @@ pub struct RouterMetrics {
     pub rejected: AtomicU64,
     /// Routed requests that were first asked to wait.
     pub routed_after_wait: AtomicU64,
+    /// Requests routed to a replica whose GPU slots were not believed to
+    /// hold their LoRA adapter (a load the engine does), where the slot
+    /// count is known.
+    pub adapter_loads: AtomicU64,
 }
 
 impl RouterMetrics {
@@ -85,6 +89,8 @@ pub struct Router {
     pub(crate) attraction: crate::attract::Attraction,
     /// Routed decisions so far.
     pub(crate) decisions: u64,
+    /// LoRA adapters resident in each replica's GPU slots, as believed.
+    pub(crate) adapters: crate::adapters::AdapterTable,
 }
 
 /// Tentative-block additions buffered for peers between drains.
@@ -125,6 +131,7 @@ impl Router {
             last_chosen: Vec::new(),
             attraction: crate::attract::Attraction::default(),
             decisions: 0,
+            adapters: crate::adapters::AdapterTable::default(),
         })
     }
 
@@ -153,6 +160,7 @@ impl Router {
             Some(RouterReplica { info, health: Health::Healthy, report: None, name_hash });
         self.order.push(id);
         self.books.add_replica(id);
+        self.adapters.remove_replica(id);
         Ok(())
     }
 
@@ -167,6 +175,7 @@ impl Router {
         self.tentative.clear_replica(id);
         self.approx.remove_tenant(id.0);
         self.books.remove_replica(id);
+        self.adapters.remove_replica(id);
         Ok(())
     }
 
@@ -211,6 +220,29 @@ impl Router {
     pub fn report(&mut self, id: ReplicaId, report: EngineReport) -> Result<(), RouterError> {
         self.replica_mut(id)?.report = Some(report);
         self.books.reconcile(id, &report);
+        Ok(())
+    }
+
+    /// Local booking ids start after `base` instead of 0. A shell that runs
+    /// several routers (one per model pool) gives each its own range, so a
+    /// booking id names one router's booking, for peers too. Only before
+    /// the first booking; later calls change nothing.
+    pub fn set_booking_id_base(&mut self, base: u64) {
+        self.books.set_id_base(base);
+    }
+
+    /// The engine reported its LoRA slots (`vllm:lora_requests_info`): the
+    /// slot count (`max_lora`) and the adapters running or waiting there,
+    /// which are in a slot or about to be. Until this is called for a
+    /// replica, adapters cost nothing extra there.
+    pub fn report_adapters(
+        &mut self,
+        id: ReplicaId,
+        max_loras: u32,
+        running_or_waiting: &[&str],
+    ) -> Result<(), RouterError> {
+        self.replica_mut(id)?;
+        self.adapters.observe(id, max_loras, running_or_waiting);
         Ok(())
     }
 

@@ -30,6 +30,18 @@ pub struct TentativeStats {
     pub live: u64,
 }
 
+/// Totals of several routers (a gateway with several model pools).
+impl std::ops::AddAssign for TentativeStats {
+    fn add_assign(&mut self, o: TentativeStats) {
+        let TentativeStats { added, confirmed, expired_unconfirmed, overflow, live } = o;
+        self.added += added;
+        self.confirmed += confirmed;
+        self.expired_unconfirmed += expired_unconfirmed;
+        self.overflow += overflow;
+        self.live += live;
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Tentative {
     per_replica: Vec<FxHashMap<BlockKey, Instant>>,

@@ -47,6 +47,7 @@ fn inputs() -> impl Strategy<Value = CostInputs> {
                 transfer_s_per_block: [tc, ts],
                 // Half the cases with a measured decode step.
                 decode_step_s: (q % 2 == 0).then_some(o + 1e-3),
+                adapter_s: 0.0,
             }
         })
 }

@@ -514,3 +514,95 @@ fn the_load_listener_hears_first_tokens_and_releases() {
     r.abandon(b.booking);
     assert_eq!(calls.load(Ordering::SeqCst), 3, "an abandoned booking is released too");
 }
+
+/// Requests for four adapters on four replicas with one GPU slot each:
+/// `kv_aware` keeps each adapter where it is resident (a load per adapter,
+/// once), `least_load` does not know and loads on most requests.
+#[test]
+fn adapters_stay_where_their_slot_is() {
+    let loads = |policy| {
+        let mut r = router(policy, 4);
+        for i in 0..4 {
+            r.report_adapters(ReplicaId(i), 1, &[]).unwrap();
+        }
+        // Block keys differ per adapter (the LoRA name is in them).
+        let ks: Vec<_> = (0..4).map(|a| keys(8, 20 + a)).collect();
+        let now = Instant::now();
+        let names = ["a", "b", "c", "d"];
+        for n in 0..40 {
+            let a = (n * 3 + n / 4) % 4;
+            let q = RouteRequest { adapter: Some(names[a]), ..req(&ks[a]) };
+            let routed = r.decide_with_matches(&q, &[], now).routed().unwrap();
+            r.finish(routed.booking, Outcome::Finished);
+        }
+        r.metrics().adapter_loads.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    assert_eq!(loads(PolicyKind::KvAware), 4);
+    assert!(loads(PolicyKind::RoundRobin) > 20);
+}
+
+/// Every slot busy with other adapters' requests: a replica that would
+/// have to wait for a slot costs more than one with a free slot, and the
+/// cost is in the prediction; without a known slot count nothing changes.
+#[test]
+fn a_full_set_of_slots_is_a_wait() {
+    let mut r = router(PolicyKind::KvAware, 2);
+    let k = keys(8, 10);
+    let now = Instant::now();
+    let unknown = r.decide_with_matches(&RouteRequest { adapter: Some("x"), ..req(&k) }, &[], now);
+    let unknown = unknown.routed().unwrap();
+    r.finish(unknown.booking, Outcome::Finished);
+    for i in 0..2 {
+        r.report_adapters(ReplicaId(i), 1, &[]).unwrap();
+    }
+    // "a" runs on replica 0 (booked, not finished).
+    let pin = RouteRequest { adapter: Some("a"), exclude: &[ReplicaId(1)], ..req(&k) };
+    let a = r.decide_with_matches(&pin, &[], now).routed().unwrap();
+    assert_eq!(a.replica, ReplicaId(0));
+    // "b": replica 0 would wait for a's slot, replica 1 only loads it.
+    let b = r.decide_with_matches(&RouteRequest { adapter: Some("b"), ..req(&k) }, &[], now);
+    let b = b.routed().unwrap();
+    assert_eq!(b.replica, ReplicaId(1));
+    let e = b.explanation.unwrap();
+    let [c0, c1] = [0, 1].map(|i| e.candidates[i].predicted_ttft_s);
+    assert!(c0 > c1 + 0.5, "slot wait {c0} vs load {c1}");
+}
+
+/// An adapter's load time is learnt from the TTFTs of requests that had to
+/// load it (like a cold prefix), and those TTFTs do not teach the prefill
+/// line that the replica is slow.
+#[test]
+fn an_adapter_load_is_calibrated_from_ttfts() {
+    let mut r = router(PolicyKind::KvAware, 2);
+    for i in 0..2 {
+        r.report_adapters(ReplicaId(i), 1, &[]).unwrap();
+    }
+    let k = keys(8, 30);
+    let mut now = Instant::now();
+    let predicted = |r: &mut Router, adapter: Option<&str>, now: Instant| {
+        let d = r.decide_with_matches(&RouteRequest { adapter, ..req(&k) }, &[], now);
+        let d = d.routed().unwrap();
+        let e = d.explanation.clone().unwrap();
+        let p = e.candidates.iter().find(|c| c.replica == d.replica).unwrap().predicted_ttft_s;
+        (d, p)
+    };
+    let (first, before) = predicted(&mut r, Some("fresh-0"), now);
+    r.finish(first.booking, Outcome::Finished);
+    // Every request names a new adapter, so each one loads; each load
+    // takes 0.4 s more than the prefill.
+    for n in 1..40 {
+        now += Duration::from_secs(1);
+        let name = format!("fresh-{n}");
+        let (d, _) = predicted(&mut r, Some(&name), now);
+        r.first_token(d.booking, now + Duration::from_millis(400 + 5));
+        r.finish(d.booking, Outcome::Finished);
+    }
+    now += Duration::from_secs(1);
+    let (d, after) = predicted(&mut r, Some("fresh-new"), now);
+    r.finish(d.booking, Outcome::Finished);
+    assert!(before < 0.1, "the prior load is 50 ms: {before}");
+    assert!((0.3..0.5).contains(&after), "a learnt 0.4 s load: {after}");
+    let (d, base) = predicted(&mut r, None, now);
+    r.finish(d.booking, Outcome::Finished);
+    assert!(base < 0.1, "the prefill line stays fast: {base}");
+}

@@ -45,7 +45,23 @@ pub struct EngineConfig {
     pub eos_probability: f64,
     /// The token id emitted as EOS.
     pub eos_token_id: u32,
+    /// GPU LoRA adapter slots (vLLM `--max-loras`, default 1): at most this
+    /// many distinct adapters in one batch, and resident at once (LRU).
+    pub max_loras: u32,
+    /// Milliseconds to make a non-resident adapter resident in a slot
+    /// (read from disk and copied to the GPU), added to the step that first
+    /// schedules it. vLLM has no such setting; see [`DEFAULT_LORA_LOAD_MS`].
+    pub lora_load_ms: f64,
 }
+
+/// The default adapter load time. An estimate, not a measurement: a rank-16
+/// adapter of a 7–8B model is 20–80 MB of safetensors; read from a warm page
+/// cache or NVMe at 1–2 GB/s and copied host to GPU, that is tens of
+/// milliseconds. Workloads that care should set it.
+pub const DEFAULT_LORA_LOAD_MS: f64 = 50.0;
+
+/// Largest accepted `max_loras` (the slots are a small LRU list).
+pub const MAX_LORAS: u32 = 1024;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -63,6 +79,8 @@ impl Default for EngineConfig {
             cpu_chunk_blocks: 0,
             eos_probability: 0.0,
             eos_token_id: 151_645,
+            max_loras: 1,
+            lora_load_ms: DEFAULT_LORA_LOAD_MS,
         }
     }
 }
@@ -104,7 +122,19 @@ impl EngineConfig {
         if !(0.0..=1.0).contains(&self.eos_probability) {
             return bad("eos_probability must be within 0..=1");
         }
+        if self.max_loras == 0 || self.max_loras > MAX_LORAS {
+            return bad("max_loras must be within 1..=1024");
+        }
+        if !(self.lora_load_ms.is_finite() && self.lora_load_ms >= 0.0) {
+            return bad("lora_load_ms must be a finite number >= 0");
+        }
         Ok(())
+    }
+
+    /// `lora_load_ms` as a duration: what a load outside a step (the runtime
+    /// load route) waits before the adapter is servable.
+    pub fn lora_load_duration(&self) -> std::time::Duration {
+        std::time::Duration::from_secs_f64((self.lora_load_ms.max(0.0) / 1000.0).min(1e9))
     }
 
     /// The most tokens (prompt + output) one request may reach: all GPU blocks.
@@ -127,6 +157,10 @@ mod tests {
         let c = EngineConfig { eos_probability: 2.0, ..EngineConfig::default() };
         assert!(c.validate().is_err());
         let c = EngineConfig { cpu_load_ms_per_block: f64::NAN, ..EngineConfig::default() };
+        assert!(c.validate().is_err());
+        let c = EngineConfig { max_loras: 0, ..EngineConfig::default() };
+        assert!(c.validate().is_err());
+        let c = EngineConfig { lora_load_ms: -1.0, ..EngineConfig::default() };
         assert!(c.validate().is_err());
     }
 

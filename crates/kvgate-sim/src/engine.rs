@@ -10,7 +10,9 @@
 //!    pushed to the front of the waiting queue) until it fits; if it is itself
 //!    the newest, it is preempted and the running pass ends.
 //! 2. **Then waiting, FCFS**, only if nothing was preempted this step, while
-//!    `max_num_seqs` and the budget allow. Each admitted request first takes
+//!    `max_num_seqs` and the budget allow. A request whose LoRA adapter would
+//!    make the batch's distinct adapters exceed `max_loras` is skipped this
+//!    step (others behind it may still go) and keeps its place in the queue. Each admitted request first takes
 //!    its prefix hit: the longest run of cached GPU blocks from the start, then
 //!    CPU-tier blocks continuing it, capped at `num_tokens - 1` tokens
 //!    (`kv_cache_manager.get_computed_blocks`: the last token is always
@@ -25,8 +27,9 @@
 //!    `min_tokens` unless `ignore_eos`, `Length` at `max_tokens`. Finished
 //!    requests free their blocks tail first (so the tail is evicted first).
 //!
-//! The step's duration comes from [`crate::TimingModel`]; the driver advances
-//! its own clock by it. Tokens of a step are produced at `now + duration`.
+//! The step's duration comes from [`crate::TimingModel`], plus `lora_load_ms`
+//! for each adapter the batch needs that holds no GPU slot (`lora.rs`); the
+//! driver advances its own clock by it. Tokens of a step are produced at `now + duration`.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -38,6 +41,7 @@ use crate::chunks::{Chunk, CpuChunks};
 use crate::config::EngineConfig;
 use crate::error::SimError;
 use crate::hash::{BlockHasher, CacheIdentity, Hash32};
+use crate::lora::{load_time_ms, LoraSlots};
 use crate::pool::{BlockMeta, CpuTier, GpuPool};
 
 /// Caller-chosen request identity (the HTTP shell maps its string ids).
@@ -98,6 +102,9 @@ pub struct StepOutput {
     /// admissions and re-admissions after preemption), in order: vLLM's
     /// `SCHEDULED` events, timestamped at the step's start.
     pub admitted: Vec<RequestId>,
+    /// LoRA adapters this step made resident in a GPU slot (each charged
+    /// `lora_load_ms` in `duration`).
+    pub lora_loads: u32,
 }
 
 /// Counters and gauges, named after vLLM's metrics where one exists.
@@ -138,6 +145,11 @@ pub struct EngineStats {
     pub ttft_sum_s: f64,
     /// Number of first tokens.
     pub ttft_count: u64,
+    /// LoRA adapters made resident in a GPU slot (by a step, or by
+    /// [`Engine::load_lora`]). vLLM exports no such counter.
+    pub lora_loads: u64,
+    /// Resident adapters pushed out of their slot by another's load.
+    pub lora_evictions: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -176,6 +188,8 @@ pub struct Engine {
     waiting: VecDeque<RequestId>,
     pending_events: Vec<Event>,
     stats: EngineStats,
+    /// GPU LoRA slots (`max_loras`), LRU.
+    loras: LoraSlots,
 }
 
 /// Where a scheduled request stands in this step.
@@ -210,6 +224,7 @@ impl Engine {
             waiting: VecDeque::new(),
             pending_events: Vec::new(),
             stats: EngineStats::default(),
+            loras: LoraSlots::new(config.max_loras),
             config,
         })
     }
@@ -338,7 +353,52 @@ impl Engine {
         s.gpu_cached_blocks = self.gpu.num_cached();
         s.cpu_cached_blocks = self.cpu.as_ref().map_or(0, CpuTier::len)
             + self.chunks.as_ref().map_or(0, CpuChunks::len);
+        s.lora_loads = self.loras.loads();
+        s.lora_evictions = self.loras.evictions();
         s
+    }
+
+    /// Makes adapter `name` resident in a GPU slot now, evicting the least
+    /// recently used one if the slots are full, as vLLM's `add_lora` does
+    /// (static adapters at startup, `/v1/load_lora_adapter`). Counted as a
+    /// load unless it was resident already (false). Costs no step time: the
+    /// caller waits `lora_load_ms` itself.
+    pub fn load_lora(&mut self, name: &str) -> bool {
+        self.loras.load(name)
+    }
+
+    /// Frees adapter `name`'s GPU slot (vLLM's `remove_lora`); false if it
+    /// held none. Requests already queued with it load it again when scheduled.
+    pub fn unload_lora(&mut self, name: &str) -> bool {
+        self.loras.unload(name)
+    }
+
+    /// Adapters resident in GPU slots, least recently used first.
+    pub fn resident_loras(&self) -> Vec<String> {
+        self.loras.resident().to_vec()
+    }
+
+    /// Distinct adapters of the running requests, in running order.
+    pub fn running_loras(&self) -> Vec<String> {
+        self.distinct_loras(self.running.iter())
+    }
+
+    /// Distinct adapters of the waiting requests, in queue order.
+    pub fn waiting_loras(&self) -> Vec<String> {
+        self.distinct_loras(self.waiting.iter())
+    }
+
+    fn distinct_loras<'a>(&self, ids: impl Iterator<Item = &'a RequestId>) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for id in ids {
+            let name = self.requests.get(id).and_then(|r| r.identity.lora_name.as_deref());
+            if let Some(name) = name {
+                if !out.iter().any(|n| n == name) {
+                    out.push(name.to_owned());
+                }
+            }
+        }
+        out
     }
 
     /// The GPU-cached block hashes, in published form (for contract tests).
@@ -378,6 +438,13 @@ impl Engine {
         }
         if self.running.len() > self.config.max_num_seqs as usize {
             return Err("more running than max_num_seqs".into());
+        }
+        let max_loras = self.config.max_loras as usize;
+        if self.loras.resident().len() > max_loras {
+            return Err("more resident adapters than max_loras".into());
+        }
+        if self.running_loras().len() > max_loras {
+            return Err("more distinct adapters running than max_loras".into());
         }
         self.gpu.check(&refs)?;
         if let Some(cpu) = &self.cpu {
@@ -437,6 +504,24 @@ impl Engine {
             i += 1;
         }
 
+        // The adapters of the running requests scheduled so far: vLLM v1
+        // collects them after the running pass and admits a waiting request
+        // only if its adapter is among them or there is room for one more
+        // (`vllm/v1/core/sched/scheduler.py`, `Scheduler.schedule`: a request
+        // over the limit is moved aside for this step, not a stop, and the
+        // set-aside ones go back to the head of the queue in their order).
+        let mut scheduled_loras: Vec<String> = Vec::new();
+        for s in &scheduled {
+            let name = self.requests.get(&s.id).and_then(|r| r.identity.lora_name.as_ref());
+            if let Some(name) = name {
+                if !scheduled_loras.contains(name) {
+                    scheduled_loras.push(name.clone());
+                }
+            }
+        }
+        let max_loras = self.config.max_loras as usize;
+        let mut skipped: Vec<RequestId> = Vec::new();
+
         // 2. Waiting requests, FCFS, unless this step preempted.
         if out.preempted.is_empty() {
             while budget > 0 && self.running.len() < self.config.max_num_seqs as usize {
@@ -445,6 +530,13 @@ impl Engine {
                     self.waiting.pop_front();
                     continue;
                 };
+                if let Some(name) = &r.identity.lora_name {
+                    if scheduled_loras.len() >= max_loras && !scheduled_loras.contains(name) {
+                        self.waiting.pop_front();
+                        skipped.push(id);
+                        continue;
+                    }
+                }
                 let (gpu_hits, n_cpu) = self.find_prefix_hit(r);
                 let hit_tokens = (gpu_hits.len() + n_cpu) * self.block_size;
                 let num_new = r.tokens.len().saturating_sub(hit_tokens).min(budget);
@@ -478,11 +570,27 @@ impl Engine {
                 }
                 load_blocks += n_cpu;
                 self.waiting.pop_front();
+                if let Some(name) =
+                    self.requests.get(&id).and_then(|r| r.identity.lora_name.as_ref())
+                {
+                    if !scheduled_loras.contains(name) {
+                        scheduled_loras.push(name.clone());
+                    }
+                }
                 self.running.push(id);
                 out.admitted.push(id);
                 scheduled.push(Scheduled { id, num_new });
                 budget -= num_new;
             }
+        }
+        for id in skipped.into_iter().rev() {
+            self.waiting.push_front(id);
+        }
+
+        // The batch's adapters take GPU slots; the ones not resident load.
+        if !scheduled_loras.is_empty() {
+            let batch: Vec<&str> = scheduled_loras.iter().map(String::as_str).collect();
+            out.lora_loads = self.loras.activate(&batch);
         }
 
         // Timing: prefill tokens vs decoding sequences in this batch.
@@ -500,11 +608,15 @@ impl Engine {
         }
         out.num_scheduled = scheduled.len();
         let kv_fraction = self.gpu.num_used() as f64 / self.gpu.num_blocks() as f64;
+        let mut load_ms = load_blocks as f64 * self.config.cpu_load_ms_per_block;
+        if out.lora_loads > 0 {
+            load_ms += load_time_ms(out.lora_loads, self.config.lora_load_ms);
+        }
         out.duration = self.config.timing.step_duration(
             out.prefill_tokens,
             kv_fraction,
             out.decode_seqs,
-            load_blocks as f64 * self.config.cpu_load_ms_per_block,
+            load_ms,
         );
 
         // 3. Execute: advance progress, sample tokens, finish requests.
@@ -815,5 +927,7 @@ fn eos_draw(id: RequestId, k: u32, p: f64) -> bool {
     ((z >> 11) as f64 / (1u64 << 53) as f64) < p
 }
 
+#[cfg(test)]
+mod lora_tests;
 #[cfg(test)]
 mod tests;

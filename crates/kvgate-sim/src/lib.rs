@@ -28,6 +28,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod hash;
+mod lora;
 mod lru;
 mod lru_map;
 mod pool;

@@ -1,7 +1,7 @@
 //! The engine server over real HTTP and ZMQ on loopback.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvgate_events::publisher::{loopback_endpoint, PublisherConfig};
@@ -10,21 +10,12 @@ use kvgate_events::{Event, Layout};
 use kvgate_sim::server::metrics::scrape;
 use kvgate_sim::server::{start, Replica, ServerConfig};
 use kvgate_sim::EngineConfig;
-use kvgate_tokenize::service::{Tokenize, TokenizeService};
-use kvgate_tokenize::ChatTokenizer;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
-const MODEL: &str = "Qwen/Qwen3-0.6B";
-
-fn tokenizer() -> Arc<TokenizeService> {
-    static T: OnceLock<Arc<TokenizeService>> = OnceLock::new();
-    Arc::clone(T.get_or_init(|| {
-        let t = Tokenize::new(ChatTokenizer::bundled().unwrap(), None);
-        Arc::new(TokenizeService::new(t, 1).unwrap())
-    }))
-}
+mod support;
+use support::{replica, tokenizer, MODEL};
 
 fn config() -> ServerConfig {
     ServerConfig {
@@ -33,11 +24,6 @@ fn config() -> ServerConfig {
         speedup: 50.0,
         ..ServerConfig::default()
     }
-}
-
-async fn replica(config: ServerConfig) -> Replica {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    start(config, listener, tokenizer()).await.unwrap()
 }
 
 async fn post(r: &Replica, path: &str, body: Value) -> Value {

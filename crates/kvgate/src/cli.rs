@@ -167,14 +167,37 @@ pub(crate) struct SimArgs {
     /// HTTP, event and replay ports.
     #[arg(long, default_value_t = 1)]
     pub(crate) replicas: u16,
-    /// Served model name.
+    /// The model (vLLM's `--model`): its served name unless
+    /// `--served-model-name` is given, and `root` in `/v1/models`.
     #[arg(long, default_value = "Qwen/Qwen3-0.6B")]
     pub(crate) model: String,
-    /// A LoRA adapter served beside the model (repeatable), as vLLM's
-    /// `--lora-modules NAME=PATH`: a request whose `model` names it hashes
-    /// its blocks under the adapter, and events carry `lora_name`.
+    /// vLLM's `--served-model-name`: the names requests may use for the
+    /// model (one or more, repeatable); the first names it in responses and
+    /// metric labels.
+    #[arg(long = "served-model-name", value_name = "NAME", num_args = 1..)]
+    pub(crate) served_model_names: Vec<String>,
+    /// A LoRA adapter served beside the model, by name only (repeatable): a
+    /// request whose `model` names it hashes its blocks under the adapter,
+    /// and events carry `lora_name`.
     #[arg(long = "lora-adapter", value_name = "NAME")]
     pub(crate) lora_adapters: Vec<String>,
+    /// vLLM's `--lora-modules`: adapters as `NAME=PATH` or JSON
+    /// `{"name":..,"path":..,"base_model_name":..}` (one or more, repeatable).
+    #[arg(long = "lora-modules", value_name = "NAME=PATH", num_args = 1..)]
+    pub(crate) lora_modules: Vec<String>,
+    /// vLLM's `--max-loras`: GPU adapter slots per engine; a batch holds at
+    /// most this many distinct adapters.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub(crate) max_loras: u32,
+    /// Milliseconds to load an adapter into a slot (not a vLLM flag): added
+    /// to the step that first schedules a non-resident adapter, and waited
+    /// by `/v1/load_lora_adapter`.
+    #[arg(long, default_value_t = kvgate_sim::config::DEFAULT_LORA_LOAD_MS, value_name = "MS")]
+    pub(crate) lora_load_ms: f64,
+    /// Mount `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`; also on
+    /// when `VLLM_ALLOW_RUNTIME_LORA_UPDATING` is `1` or `true`, as vLLM reads it.
+    #[arg(long)]
+    pub(crate) allow_runtime_lora_updating: bool,
     /// vLLM's `--data-parallel-size`: this many engines behind each
     /// replica's one HTTP port, each with its own cache and event stream on
     /// the `--events` (and `--replay`) port plus its rank.

@@ -78,7 +78,7 @@ fn gateway(config: kvgate_gateway::GatewayConfig, print_config: bool) -> anyhow:
             "# secrets (auth.api_keys, auth.admin_key, peers.key, discovery.api_key, \
              replicas' api_key) are left out: give them by flag or KVGATE_* variable"
         );
-        print!("{}", toml::to_string(&config.without_secrets())?);
+        print!("{}", toml::to_string(&config.resolved().without_secrets())?);
         return Ok(());
     }
     let _releaser =

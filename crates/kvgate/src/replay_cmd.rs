@@ -10,9 +10,9 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvgate_replay::{
-    detect_format, find_load_levels, oracle_hit_rates, parse_messages, parse_mooncake,
-    render_table, run_matrix, write_plots, FleetSpec, FloorModel, Report, RunOptions,
-    SyntheticSpec, TraceFormat, Workload, WorkloadInfo,
+    detect_format, find_load_levels, oracle_hit_rates, parse_messages, parse_mooncake, pool_bounds,
+    render_table, run_matrix_pools, wants_pools, write_plots, FleetSpec, FloorModel, Report,
+    RunOptions, SyntheticSpec, TraceFormat, Workload, WorkloadInfo,
 };
 use kvgate_router::{PolicyKind, RouterConfig};
 
@@ -58,11 +58,14 @@ pub(crate) struct ReplayArgs {
     /// The trace's format.
     #[arg(long, value_enum, default_value_t = Format::Auto)]
     pub(crate) format: Format,
-    /// A generated workload: `synthetic:chat|agentic|noreuse[,key=value...]`.
+    /// A generated workload: `synthetic:chat|agentic|noreuse|lora[,key=value...]`.
     /// chat: seed, conversations, turns, system_prompts, system_tokens, user_tokens,
     /// output_tokens, think_s, rate. agentic: seed, sessions, steps, shared_tokens,
     /// context_tokens, step_tokens, output_tokens, step_s, rate. noreuse: seed,
-    /// requests, input_tokens, output_tokens, rate. See docs/replay.md.
+    /// requests, input_tokens, output_tokens, rate. lora (one pool per base model,
+    /// LoRA adapters in max_loras GPU slots): seed, models, adapters (in all), zipf,
+    /// base_share, max_loras, conversations, turns, system_prompts, system_tokens,
+    /// user_tokens, output_tokens, think_s, rate. See docs/replay.md.
     #[arg(long, value_name = "SPEC")]
     pub(crate) workload: Option<String>,
     /// Fail on the first malformed trace line instead of reporting and skipping it.
@@ -374,7 +377,18 @@ pub(crate) fn replay_workload(
     policies: &[PolicyKind],
     setups: &[(usize, bool)],
 ) -> anyhow::Result<Report> {
+    // One pool per model the workload names, and its adapter slots: every
+    // policy runs on this same fleet, behind the same model filter.
+    let pooled = wants_pools(workload);
+    if pooled && args.mode == Mode::Live {
+        bail!("model pools and LoRA adapters replay in fast mode only");
+    }
     let fleet = fleet_spec(args)?;
+    let fleet = if pooled {
+        fleet.for_workload(workload).map_err(|e| anyhow::anyhow!("{e} (--replicas)"))?
+    } else {
+        fleet
+    };
     let jobs = args
         .jobs
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -424,11 +438,24 @@ pub(crate) fn replay_workload(
             (vec![args.rate_scale], None)
         }
     };
+    let pools = pooled.then(|| pool_bounds(workload, &fleet));
     let pb = progress_bar(n * (scales.len() * policies.len() * setups.len()) as u64, "replaying");
+    let mut pool_runs = Vec::new();
     let runs = match args.mode {
         Mode::Fast => {
             let inc = |k: u64| pb.inc(k);
-            run_matrix(workload, policies, &scales, &opts, bounds, &inc)?
+            let runs = run_matrix_pools(
+                workload,
+                policies,
+                &scales,
+                &opts,
+                bounds,
+                pools.as_deref(),
+                &inc,
+            )?;
+            let (runs, p): (Vec<_>, Vec<_>) = runs.into_iter().unzip();
+            pool_runs = p;
+            runs
         }
         Mode::Live => {
             if args.target.is_some() && policies.len() != 1 {
@@ -476,12 +503,16 @@ pub(crate) fn replay_workload(
     };
     pb.finish_and_clear();
 
-    Ok(Report::new(
+    let report = Report::new(
         args.seed,
         WorkloadInfo::of(workload),
         &fleet,
         (bounds.oracle, bounds.ceiling),
         levels,
         runs,
-    ))
+    );
+    Ok(match pools {
+        Some(p) => report.with_pools(p, pool_runs),
+        None => report,
+    })
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use kvgate_events::publisher::{loopback_endpoint, PublisherConfig};
+use kvgate_gateway::config::ModelConfig;
 use kvgate_gateway::{Gateway, GatewayConfig, ReplicaConfig};
 use kvgate_sim::server::{start, Replica, ServerConfig};
 use kvgate_sim::{EngineConfig, TimingModel};
@@ -103,15 +104,27 @@ fn config_with(
         c.discovery.dns = Some(d.clone());
     }
     if let Some(k) = &args.engine_api_key {
+        // The flag is the fleet-wide default: every pool's discovery that
+        // names no key of its own uses it too.
         c.discovery.api_key = Some(k.clone());
+        for p in &mut c.pools {
+            if p.discovery.api_key.is_none() {
+                p.discovery.api_key = Some(k.clone());
+            }
+        }
     }
     c.validate()?;
     Ok(c)
 }
 
-/// Starts the embedded simulated fleet on loopback and returns it with the
-/// replica entries that point at it.
-async fn embedded_fleet(c: &GatewayConfig) -> anyhow::Result<(Vec<Replica>, Vec<ReplicaConfig>)> {
+/// Starts one pool's embedded simulated fleet on loopback (serving `model`,
+/// its replicas named `prefix-i`) and returns it with the replica entries
+/// that point at it.
+async fn embedded_fleet(
+    c: &GatewayConfig,
+    model: &ModelConfig,
+    prefix: &str,
+) -> anyhow::Result<(Vec<Replica>, Vec<ReplicaConfig>)> {
     let s = &c.embedded_sims;
     let timing = TimingModel::preset(&s.timing)
         .with_context(|| format!("unknown embedded_sims.timing {:?}", s.timing))?;
@@ -130,14 +143,16 @@ async fn embedded_fleet(c: &GatewayConfig) -> anyhow::Result<(Vec<Replica>, Vec<
                 timing: timing.clone(),
                 ..EngineConfig::default()
             },
-            model: c.model.served_name.clone(),
-            lora_adapters: c.model.lora_adapters.clone(),
+            model: model.served_name.clone(),
+            lora_adapters: model.lora_adapters.clone(),
+            // kvgate may load `model.loadable_adapters` at runtime.
+            allow_runtime_lora_updating: !model.loadable_adapters.is_empty(),
             data_parallel_size: 1,
             speedup: s.speedup,
             api_key: None,
             events: Some(events),
             default_max_tokens: s.default_max_tokens,
-            faults: Default::default(),
+            ..ServerConfig::default()
         };
         let listener =
             TcpListener::bind("127.0.0.1:0").await.context("binding a simulated replica")?;
@@ -145,7 +160,7 @@ async fn embedded_fleet(c: &GatewayConfig) -> anyhow::Result<(Vec<Replica>, Vec<
             .await
             .with_context(|| format!("starting simulated replica {i}"))?;
         let mut r = ReplicaConfig::new(sim.url());
-        r.name = Some(format!("sim-{i}"));
+        r.name = Some(format!("{prefix}-{i}"));
         if let Some(ep) = sim.events() {
             r.events = Some(loopback_endpoint(&ep.events));
             r.replay = ep.replay.as_deref().map(loopback_endpoint);
@@ -156,18 +171,39 @@ async fn embedded_fleet(c: &GatewayConfig) -> anyhow::Result<(Vec<Replica>, Vec<
     Ok((sims, replicas))
 }
 
+fn log_embedded(config: &GatewayConfig, pool: &str, r: &[ReplicaConfig]) {
+    tracing::info!(
+        pool,
+        replicas = r.len(),
+        timing = %config.embedded_sims.timing,
+        urls = ?r.iter().map(|x| x.url.as_str()).collect::<Vec<_>>(),
+        "no replicas configured: started simulated vLLM replicas (kvgate-sim) on loopback with the bundled Qwen3 tokenizer"
+    );
+}
+
 pub(crate) async fn run(mut config: GatewayConfig) -> anyhow::Result<()> {
     let mut sims = Vec::new();
-    if config.replicas.is_empty() && config.discovery.dns.is_none() {
-        let (s, r) = embedded_fleet(&config).await?;
-        tracing::info!(
-            replicas = r.len(),
-            timing = %config.embedded_sims.timing,
-            urls = ?r.iter().map(|x| x.url.as_str()).collect::<Vec<_>>(),
-            "no replicas configured: started simulated vLLM replicas (kvgate-sim) on loopback with the bundled Qwen3 tokenizer"
-        );
-        config.replicas = r;
-        sims = s;
+    if config.pools.is_empty() {
+        if config.replicas.is_empty() && config.discovery.dns.is_none() {
+            let model = config.model.clone();
+            let (s, r) = embedded_fleet(&config, &model, "sim").await?;
+            log_embedded(&config, "default", &r);
+            config.replicas = r;
+            sims = s;
+        }
+    } else {
+        // Each pool without engines gets its own simulated ones.
+        for i in 0..config.pools.len() {
+            let p = &config.pools[i];
+            if !p.replicas.is_empty() || p.discovery.dns.is_some() {
+                continue;
+            }
+            let (name, model) = (p.display_name().to_owned(), p.model.clone());
+            let (s, r) = embedded_fleet(&config, &model, &format!("sim-{name}")).await?;
+            log_embedded(&config, &name, &r);
+            config.pools[i].replicas = r;
+            sims.extend(s);
+        }
     }
     let release = config.memory_release_ms > 0;
     let gateway = Gateway::start(config).await?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use kvgate_events::publisher::PublisherConfig;
 use kvgate_events::Layout;
-use kvgate_sim::server::{start, Faults, ServerConfig};
+use kvgate_sim::server::{runtime_lora_updating_from_env, start, Faults, LoraModule, ServerConfig};
 use kvgate_sim::{EngineConfig, TimingModel};
 use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::ChatTokenizer;
@@ -40,6 +40,14 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
     if args.replicas == 0 {
         bail!("--replicas must be at least 1");
     }
+    let lora_modules = args
+        .lora_modules
+        .iter()
+        .map(|m| LoraModule::parse(m).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let env = std::env::var("VLLM_ALLOW_RUNTIME_LORA_UPDATING").ok();
+    let allow_runtime_lora_updating =
+        args.allow_runtime_lora_updating || runtime_lora_updating_from_env(env.as_deref());
     // On a thread that exits, then purged, as `serve` does (kvgate-alloc):
     // the load's temporaries do not stay resident.
     let tokenizer = kvgate_alloc::on_exiting_thread("kvgate-load", ChatTokenizer::bundled)
@@ -60,6 +68,8 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
             timing: timing.clone(),
             self_describing_cpu_events: args.self_describing_cpu_events,
             cpu_chunk_blocks: args.cpu_chunk_blocks,
+            max_loras: args.max_loras,
+            lora_load_ms: args.lora_load_ms,
             ..EngineConfig::default()
         };
         let events = match &args.events {
@@ -87,7 +97,10 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
         let config = ServerConfig {
             engine,
             model: args.model.clone(),
+            served_model_names: args.served_model_names.clone(),
             lora_adapters: args.lora_adapters.clone(),
+            lora_modules: lora_modules.clone(),
+            allow_runtime_lora_updating,
             data_parallel_size: args.data_parallel_size,
             speedup: args.speedup,
             api_key: args.api_key.clone(),

@@ -1,10 +1,12 @@
 //! `deploy/kubernetes/`, the `Dockerfile` and `docs/deploy.md` against the
 //! binary they run. Every document parses; the kvgate container passes only
 //! flags and `KVGATE_*` variables that `kvgate serve --help` lists; the
-//! ConfigMap's TOML and the Deployment's whole command line pass kvgate's own
-//! validation (`--print-config`); the probes, Services, Secret references and
-//! NetworkPolicies fit together; the engines publish their events where
-//! kvgate's discovery looks for them; the image builds and exposes kvgate.
+//! ConfigMap's files and the Deployment's whole command line pass kvgate's
+//! own validation (`--print-config`); each model pool finds its own engine
+//! Deployment through a headless Service of its own, and those engines serve
+//! the pool's model and publish their events where the pool's discovery
+//! looks for them; the probes, Services, Secret references and
+//! NetworkPolicies fit together; the image builds and exposes kvgate.
 //! `scripts/check-manifests.sh` adds the strict Kubernetes schema check.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -110,10 +112,6 @@ fn kvgate() -> &'static Value {
     container(find("Deployment", "kvgate"), "kvgate")
 }
 
-fn vllm() -> &'static Value {
-    container(find("Deployment", "vllm"), "vllm")
-}
-
 fn args(c: &Value) -> Vec<String> {
     arr(c, "/args").iter().map(|a| a.as_str().expect("args are strings").to_owned()).collect()
 }
@@ -162,12 +160,164 @@ fn configmap_toml(name: &str, key: &str) -> String {
     s(find("ConfigMap", name), &format!("/data/{key}")).to_owned()
 }
 
-fn discovery() -> toml::Table {
-    let cfg: toml::Table = toml::from_str(&configmap_toml("kvgate-config", "kvgate.toml")).unwrap();
-    cfg.get("discovery")
-        .and_then(|d| d.as_table())
-        .cloned()
-        .expect("kvgate.toml has a [discovery] table")
+/// The ConfigMap volumes of a Deployment's container: (mount path, ConfigMap).
+fn configmap_mounts(deployment: &Value, c: &Value) -> Vec<(String, String)> {
+    let mut mounts = Vec::new();
+    for m in arr(c, "/volumeMounts") {
+        let vol = arr(deployment, "/spec/template/spec/volumes")
+            .iter()
+            .find(|v| v["name"] == m["name"])
+            .expect("volume of the mount");
+        if let Some(cm) = vol.pointer("/configMap/name").and_then(Value::as_str) {
+            mounts.push((s(m, "/mountPath").to_owned(), cm.to_owned()));
+        }
+    }
+    mounts
+}
+
+/// The ConfigMap and key a `--config=PATH` of `c` reads.
+fn config_source(deployment: &Value, c: &Value, path: &str) -> (String, String) {
+    configmap_mounts(deployment, c)
+        .into_iter()
+        .find(|(m, _)| path.starts_with(&format!("{m}/")))
+        .map(|(m, cm)| (cm, path[m.len() + 1..].to_owned()))
+        .unwrap_or_else(|| panic!("--config={path} is not in a mounted ConfigMap"))
+}
+
+/// The kvgate container's configuration file: (ConfigMap, key).
+fn kvgate_config_source() -> (String, String) {
+    let path = flag(&args(kvgate()), "--config").expect("the kvgate container passes --config");
+    config_source(find("Deployment", "kvgate"), kvgate(), &path)
+}
+
+/// The kvgate container's configuration file, parsed.
+fn kvgate_config() -> toml::Table {
+    let (cm, key) = kvgate_config_source();
+    toml::from_str(&configmap_toml(&cm, &key)).unwrap_or_else(|e| panic!("{cm}/{key}: {e}"))
+}
+
+/// The `[[pools]]` of the kvgate container's configuration file.
+fn pools() -> Vec<toml::Table> {
+    let cfg = kvgate_config();
+    let pools =
+        cfg.get("pools").and_then(toml::Value::as_array).expect("kvgate's file has [[pools]]");
+    pools.iter().map(|p| p.as_table().expect("a [[pools]] entry is a table").clone()).collect()
+}
+
+fn pool_name(p: &toml::Table) -> String {
+    p.get("name").and_then(toml::Value::as_str).expect("every pool is named").to_owned()
+}
+
+fn table(t: &toml::Table, key: &str) -> toml::Table {
+    t.get(key).and_then(toml::Value::as_table).cloned().unwrap_or_default()
+}
+
+fn pool_served_name(p: &toml::Table) -> String {
+    table(p, "model")
+        .get("served_name")
+        .and_then(toml::Value::as_str)
+        .unwrap_or_else(|| panic!("pool {}: model.served_name", pool_name(p)))
+        .to_owned()
+}
+
+/// A pool's `discovery` table.
+fn discovery(p: &toml::Table) -> toml::Table {
+    let d = table(p, "discovery");
+    assert!(!d.is_empty(), "pool {} has a discovery table", pool_name(p));
+    d
+}
+
+fn discovery_str(d: &toml::Table, key: &str) -> String {
+    d.get(key).and_then(toml::Value::as_str).unwrap_or_else(|| panic!("discovery.{key}")).to_owned()
+}
+
+/// The Deployments whose pods `selector` (matchLabels) selects.
+fn deployments_selected_by(selector: &Value) -> Vec<&'static Value> {
+    of_kind("Deployment")
+        .filter(|d| labels_match(selector, &d["spec"]["template"]["metadata"]["labels"]))
+        .collect()
+}
+
+/// The vLLM container of an engine Deployment (`vllm serve`), if it is one.
+fn vllm_container(d: &Value) -> Option<&Value> {
+    arr(d, "/spec/template/spec/containers")
+        .iter()
+        .find(|c| arr(c, "/command").first().and_then(Value::as_str) == Some("vllm"))
+}
+
+fn engine_deployments() -> Vec<&'static Value> {
+    of_kind("Deployment").filter(|d| vllm_container(d).is_some()).collect()
+}
+
+/// The headless Service a pool's `discovery.dns` names, and the one engine
+/// Deployment whose pods it selects.
+fn pool_engines(p: &toml::Table) -> (&'static Value, &'static Value) {
+    let name = pool_name(p);
+    let dns = discovery_str(&discovery(p), "dns");
+    // A short name resolves through the pod's search path in its own
+    // namespace; a namespace in the file would tie it to one.
+    assert!(
+        !dns.contains('.') && !dns.contains(':'),
+        "pool {name}: discovery.dns {dns:?} should be the Service's short name"
+    );
+    let svc = find("Service", &dns);
+    assert_eq!(svc["spec"]["clusterIP"], "None", "pool {name}: Service {dns} is headless");
+    assert_ne!(
+        svc["spec"]["publishNotReadyAddresses"], true,
+        "pool {name}: Service {dns} publishes engines before they are ready"
+    );
+    let selected = deployments_selected_by(&svc["spec"]["selector"]);
+    assert_eq!(
+        selected.len(),
+        1,
+        "pool {name}: Service {dns} must select exactly one Deployment's pods, selects {:?}",
+        selected.iter().map(|d| s(d, "/metadata/name")).collect::<Vec<_>>()
+    );
+    let d = selected[0];
+    assert!(
+        vllm_container(d).is_some(),
+        "pool {name}: Service {dns} selects {}, which runs no `vllm serve`",
+        s(d, "/metadata/name")
+    );
+    (svc, d)
+}
+
+/// The names a `vllm serve` command line serves its base model under:
+/// `--served-model-name` (one or more values), else the model (the
+/// positional argument, or `--model`).
+fn vllm_served_names(a: &[String]) -> Vec<String> {
+    if let Some(i) = a.iter().position(|x| x.starts_with("--served-model-name")) {
+        if let Some(v) = a[i].strip_prefix("--served-model-name=") {
+            return vec![v.to_owned()];
+        }
+        return a[i + 1..].iter().take_while(|x| !x.starts_with("--")).cloned().collect();
+    }
+    if let Some(m) = flag(a, "--model") {
+        return vec![m];
+    }
+    let first = a.first().expect("vllm serve MODEL");
+    assert!(!first.starts_with('-'), "`vllm serve` takes the model first, not {first:?}");
+    vec![first.clone()]
+}
+
+/// The adapter names of `--lora-modules` (`NAME=PATH` or JSON with `name`),
+/// each value given as `--lora-modules=V` or after a bare `--lora-modules`.
+fn vllm_lora_names(a: &[String]) -> BTreeSet<String> {
+    let mut values = Vec::new();
+    for (i, x) in a.iter().enumerate() {
+        if let Some(v) = x.strip_prefix("--lora-modules=") {
+            values.push(v.to_owned());
+        } else if x == "--lora-modules" {
+            values.extend(a[i + 1..].iter().take_while(|y| !y.starts_with("--")).cloned());
+        }
+    }
+    values
+        .iter()
+        .map(|v| match serde_json::from_str::<Value>(v) {
+            Ok(j) => s(&j, "/name").to_owned(),
+            Err(_) => v.split_once('=').expect("--lora-modules NAME=PATH").0.to_owned(),
+        })
+        .collect()
 }
 
 fn discovery_int(d: &toml::Table, key: &str) -> i64 {
@@ -296,6 +446,12 @@ fn every_manifest_parses_and_the_kustomization_lists_them_all() {
     }
     assert!(of_kind("NetworkPolicy").count() >= 2);
     assert!(find("Deployment", "kvgate")["spec"]["replicas"].as_u64().unwrap() >= 2);
+    // Issue 23: two model pools, each with its own engine Deployment.
+    let pools = pools();
+    assert!(pools.len() >= 2, "kvgate serves two model pools, not {}", pools.len());
+    let served: BTreeSet<String> = pools.iter().map(pool_served_name).collect();
+    assert_eq!(served.len(), pools.len(), "each pool serves another model");
+    assert!(engine_deployments().len() >= 2, "an engine Deployment per model");
 }
 
 #[test]
@@ -337,11 +493,11 @@ fn kvgate_args_and_env_use_only_what_serve_help_lists() {
     assert!(missing.is_empty(), "not in `kvgate serve --help`: {missing:?}");
 }
 
-#[test]
-fn the_configmap_holds_a_valid_kvgate_config() {
-    let dir = scratch("configmap");
-    let path = dir.join("kvgate.toml");
-    std::fs::write(&path, configmap_toml("kvgate-config", "kvgate.toml")).unwrap();
+/// `kvgate serve --config FILE --print-config` with nothing else around.
+fn print_config(name: &str, text: &str) -> toml::Table {
+    let dir = scratch(&format!("configmap-{name}"));
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
         .args(["serve", "--config"])
         .arg(&path)
@@ -352,9 +508,71 @@ fn the_configmap_holds_a_valid_kvgate_config() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
         out.status.success(),
-        "kvgate refuses the ConfigMap's kvgate.toml: {}",
+        "kvgate refuses the ConfigMap's {name}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    toml::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap()
+}
+
+/// Every file of the ConfigMap passes kvgate's validation on its own; the
+/// proxy's shows each pool as the file declares it.
+#[test]
+fn the_configmap_holds_valid_kvgate_configs() {
+    let cm = find("ConfigMap", "kvgate-config");
+    let files: Vec<&String> = cm["data"].as_object().expect("data").keys().collect();
+    assert!(!files.is_empty());
+    let (_, proxy) = kvgate_config_source();
+    assert!(files.contains(&&proxy), "the ConfigMap holds {proxy}, the file kvgate reads");
+    for f in files {
+        let printed = print_config(f, &configmap_toml("kvgate-config", f));
+        if *f != proxy {
+            continue;
+        }
+        let shown = printed.get("pools").and_then(toml::Value::as_array).expect("pools");
+        let declared = pools();
+        assert_eq!(shown.len(), declared.len());
+        for (s, d) in shown.iter().zip(&declared) {
+            assert_eq!(s.get("name").and_then(toml::Value::as_str), Some(pool_name(d).as_str()));
+            assert_eq!(
+                s.get("model").and_then(|m| m.get("served_name")).and_then(toml::Value::as_str),
+                Some(pool_served_name(d).as_str())
+            );
+            assert_eq!(
+                s.get("discovery").and_then(|x| x.get("dns")).and_then(toml::Value::as_str),
+                Some(discovery_str(&discovery(d), "dns").as_str())
+            );
+        }
+    }
+}
+
+/// The ConfigMap's other files (deploy/gateway-api's picker reads
+/// kvgate.toml, one model) keep the proxy's shared settings, and their one
+/// model and discovery ports are one of the proxy's pools'.
+#[test]
+fn the_configmaps_other_files_agree_with_the_proxys() {
+    let cm = find("ConfigMap", "kvgate-config");
+    let (_, proxy_key) = kvgate_config_source();
+    let proxy = kvgate_config();
+    let pools = pools();
+    for f in cm["data"].as_object().unwrap().keys().filter(|k| **k != proxy_key) {
+        let other: toml::Table = toml::from_str(&configmap_toml("kvgate-config", f)).unwrap();
+        for key in ["admin_listen", "replica_header", "router", "peers", "limits"] {
+            assert_eq!(other.get(key), proxy.get(key), "{f} and {proxy_key} differ in {key}");
+        }
+        if other.contains_key("pools") {
+            continue;
+        }
+        let model = table(&other, "model");
+        let served = model.get("served_name").and_then(toml::Value::as_str).expect("served_name");
+        let pool = pools
+            .iter()
+            .find(|p| pool_served_name(p) == served)
+            .unwrap_or_else(|| panic!("{f} serves {served}, which no pool of {proxy_key} serves"));
+        assert_eq!(model, table(pool, "model"), "{f}: [model] differs from the pool's");
+        let mut d = discovery(pool);
+        d.remove("dns");
+        assert_eq!(table(&other, "discovery"), d, "{f}: [discovery] differs from the pool's");
+    }
 }
 
 /// The kvgate container's command line, run as the kubelet would start it
@@ -368,29 +586,14 @@ fn the_deployments_command_line_passes_kvgate_validation() {
     let env: BTreeMap<String, String> =
         arr(c, "/env").iter().map(|e| (s(e, "/name").to_owned(), env_value(e))).collect();
     let dir = scratch("cmdline");
-    // ConfigMap volumes: mount path -> (config map name).
-    let mut mounts = Vec::new();
-    for m in arr(c, "/volumeMounts") {
-        let vol = arr(deployment, "/spec/template/spec/volumes")
-            .iter()
-            .find(|v| v["name"] == m["name"])
-            .expect("volume of the mount");
-        if let Some(cm) = vol.pointer("/configMap/name").and_then(Value::as_str) {
-            mounts.push((s(m, "/mountPath").to_owned(), cm.to_owned()));
-        }
-    }
     let mut argv = Vec::new();
     let mut config_seen = false;
     for a in &args(c)[1..] {
         let mut a = expand(a, &env);
         if let Some(p) = a.strip_prefix("--config=") {
-            let (mount, cm) = mounts
-                .iter()
-                .find(|(m, _)| p.starts_with(&format!("{m}/")))
-                .unwrap_or_else(|| panic!("--config={p} is not in a mounted ConfigMap"));
-            let key = &p[mount.len() + 1..];
-            let local = dir.join(key);
-            std::fs::write(&local, configmap_toml(cm, key)).unwrap();
+            let (cm, key) = config_source(deployment, c, p);
+            let local = dir.join(&key);
+            std::fs::write(&local, configmap_toml(&cm, &key)).unwrap();
             a = format!("--config={}", local.display());
             config_seen = true;
         }
@@ -424,10 +627,17 @@ fn the_deployments_command_line_passes_kvgate_validation() {
         get("peers.dns").as_deref(),
         Some(format!("kvgate-peers.{ns}.svc.cluster.local:9000").as_str())
     );
-    assert_eq!(
-        get("discovery.dns").as_deref(),
-        Some(format!("vllm-engines.{ns}.svc.cluster.local").as_str())
-    );
+    // The engines are the pools': each finds its own through the Service
+    // the file names, and nothing is discovered outside a pool.
+    assert_eq!(get("discovery.dns"), None, "no top-level discovery with [[pools]]");
+    let shown = printed.get("pools").and_then(toml::Value::as_array).expect("pools");
+    let dns: Vec<Option<&str>> = shown
+        .iter()
+        .map(|p| p.get("discovery").and_then(|d| d.get("dns")).and_then(toml::Value::as_str))
+        .collect();
+    let declared: Vec<String> =
+        pools().iter().map(|p| discovery_str(&discovery(p), "dns")).collect();
+    assert_eq!(dns, declared.iter().map(|d| Some(d.as_str())).collect::<Vec<_>>());
 }
 
 #[test]
@@ -450,10 +660,14 @@ fn probes_use_health_and_ready_on_the_api_port() {
 fn services_select_their_pods_and_target_declared_ports() {
     for svc in of_kind("Service") {
         let name = s(svc, "/metadata/name");
-        let sel = &svc["spec"]["selector"];
-        let deployment = of_kind("Deployment")
-            .find(|d| labels_match(sel, &d["spec"]["template"]["metadata"]["labels"]))
-            .unwrap_or_else(|| panic!("Service {name} selects no Deployment's pods"));
+        let selected = deployments_selected_by(&svc["spec"]["selector"]);
+        assert_eq!(
+            selected.len(),
+            1,
+            "Service {name} must select one Deployment's pods, selects {:?}",
+            selected.iter().map(|d| s(d, "/metadata/name")).collect::<Vec<_>>()
+        );
+        let deployment = selected[0];
         // The Deployment's own selector must match its template too.
         assert!(labels_match(
             &deployment["spec"]["selector"]["matchLabels"],
@@ -480,12 +694,84 @@ fn services_select_their_pods_and_target_declared_ports() {
         expand(&flag(&a, "--peer-dns").expect("--peer-dns"), &env_of_namespace(&ns)),
         format!("kvgate-peers.{ns}.svc.cluster.local:{peer_port}")
     );
-    let engines = find("Service", "vllm-engines");
-    assert_eq!(engines["spec"]["clusterIP"], "None", "vllm-engines is headless");
-    assert_eq!(
-        expand(&flag(&a, "--discover-dns").expect("--discover-dns"), &env_of_namespace(&ns)),
-        format!("vllm-engines.{ns}.svc.cluster.local")
-    );
+    // With [[pools]] each pool names its engines' Service in the file.
+    assert_eq!(flag(&a, "--discover-dns"), None, "--discover-dns cannot be used with [[pools]]");
+
+    // No Deployment's selector takes another's pods (the engine Deployments
+    // differ by `app.kubernetes.io/instance`).
+    for d in of_kind("Deployment") {
+        let taken = deployments_selected_by(&d["spec"]["selector"]["matchLabels"]);
+        assert_eq!(
+            taken.iter().map(|x| s(x, "/metadata/name")).collect::<Vec<_>>(),
+            vec![s(d, "/metadata/name")],
+            "Deployment selectors overlap"
+        );
+    }
+}
+
+/// Each pool finds its engines through a headless Service of its own that
+/// selects one engine Deployment, and every engine Deployment is a pool's.
+#[test]
+fn every_pool_discovers_its_own_engine_deployment() {
+    let mut claimed = BTreeMap::new();
+    for p in pools() {
+        let (svc, d) = pool_engines(&p);
+        let deployment = s(d, "/metadata/name");
+        if let Some(other) = claimed.insert(deployment.to_owned(), pool_name(&p)) {
+            panic!("pools {other} and {} both discover Deployment {deployment}", pool_name(&p));
+        }
+        let dd = discovery(&p);
+        let svc_ports: BTreeSet<i64> =
+            arr(svc, "/spec/ports").iter().map(|x| x["port"].as_i64().unwrap()).collect();
+        let want: BTreeSet<i64> = ["http_port", "events_port", "replay_port"]
+            .iter()
+            .map(|k| discovery_int(&dd, k))
+            .collect();
+        assert_eq!(
+            svc_ports,
+            want,
+            "Service {} ports for pool {}",
+            s(svc, "/metadata/name"),
+            pool_name(&p)
+        );
+    }
+    let engines: BTreeSet<String> =
+        engine_deployments().iter().map(|d| s(d, "/metadata/name").to_owned()).collect();
+    let discovered: BTreeSet<String> = claimed.into_keys().collect();
+    assert_eq!(engines, discovered, "every engine Deployment is one pool's");
+}
+
+/// What each pool offers is what its engines serve: the base model under
+/// the pool's served name, and every adapter the pool declares.
+#[test]
+fn every_pool_serves_the_model_its_engines_serve() {
+    for p in pools() {
+        let name = pool_name(&p);
+        let (_, d) = pool_engines(&p);
+        let a = args(vllm_container(d).unwrap());
+        let served = vllm_served_names(&a);
+        assert!(
+            served.contains(&pool_served_name(&p)),
+            "pool {name} serves {} but Deployment {} serves {served:?}",
+            pool_served_name(&p),
+            s(d, "/metadata/name")
+        );
+        let declared: BTreeSet<String> = table(&p, "model")
+            .get("lora_adapters")
+            .and_then(toml::Value::as_array)
+            .map(|v| v.iter().map(|x| x.as_str().unwrap().to_owned()).collect())
+            .unwrap_or_default();
+        let loaded = vllm_lora_names(&a);
+        assert!(
+            declared.is_subset(&loaded),
+            "pool {name} declares adapters {declared:?}; its engines load {loaded:?}"
+        );
+        if !loaded.is_empty() {
+            assert!(a.iter().any(|x| x == "--enable-lora"), "--lora-modules needs --enable-lora");
+            let max = flag(&a, "--max-loras").map_or(1, |m| m.parse::<usize>().unwrap());
+            assert!(max >= 1);
+        }
+    }
 }
 
 fn env_of_namespace(ns: &str) -> BTreeMap<String, String> {
@@ -518,47 +804,56 @@ fn secret_and_configmap_references_resolve() {
 
 #[test]
 fn engines_publish_events_where_discovery_looks() {
-    let d = discovery();
-    let http = discovery_int(&d, "http_port");
-    let events = discovery_int(&d, "events_port");
-    let replay = discovery_int(&d, "replay_port");
-    let topic = d.get("topic").and_then(toml::Value::as_str).expect("discovery.topic");
-    let c = vllm();
-    let a = args(c);
-    let kv: Value =
-        serde_json::from_str(&flag(&a, "--kv-events-config").expect("--kv-events-config"))
-            .expect("--kv-events-config is JSON");
-    assert_eq!(kv["enable_kv_cache_events"], true);
-    assert_eq!(kv["publisher"], "zmq");
-    // `*` makes vLLM bind; kvgate dials each pod's address on these ports.
-    assert_eq!(kv["endpoint"], format!("tcp://*:{events}"));
-    assert!(replay > 0, "the example uses replay");
-    assert_eq!(kv["replay_endpoint"], format!("tcp://*:{replay}"));
-    assert_eq!(kv["topic"], topic);
-    assert_eq!(flag(&a, "--port"), Some(http.to_string()));
-    if let Some(bs) = d.get("block_size").and_then(toml::Value::as_integer) {
-        assert_eq!(flag(&a, "--block-size"), Some(bs.to_string()));
+    let pools = pools();
+    let mut block_sizes = BTreeSet::new();
+    for p in &pools {
+        let name = pool_name(p);
+        let d = discovery(p);
+        let http = discovery_int(&d, "http_port");
+        let events = discovery_int(&d, "events_port");
+        let replay = discovery_int(&d, "replay_port");
+        let topic = discovery_str(&d, "topic");
+        let (_, deployment) = pool_engines(p);
+        let c = vllm_container(deployment).unwrap();
+        let a = args(c);
+        let kv: Value =
+            serde_json::from_str(&flag(&a, "--kv-events-config").expect("--kv-events-config"))
+                .expect("--kv-events-config is JSON");
+        assert_eq!(kv["enable_kv_cache_events"], true, "pool {name}");
+        assert_eq!(kv["publisher"], "zmq", "pool {name}");
+        // `*` makes vLLM bind; kvgate dials each pod's address on these ports.
+        assert_eq!(kv["endpoint"], format!("tcp://*:{events}"), "pool {name}");
+        assert!(replay > 0, "the example uses replay");
+        assert_eq!(kv["replay_endpoint"], format!("tcp://*:{replay}"), "pool {name}");
+        assert_eq!(kv["topic"], topic, "pool {name}");
+        assert_eq!(flag(&a, "--port"), Some(http.to_string()), "pool {name}");
+        let bs = discovery_int(&d, "block_size");
+        assert_eq!(flag(&a, "--block-size"), Some(bs.to_string()), "pool {name}");
+        block_sizes.insert(bs);
+        assert!(a.iter().any(|x| x == "--enable-prefix-caching"), "pool {name}");
+        assert!(c["resources"]["limits"]["nvidia.com/gpu"].as_u64().unwrap_or(0) >= 1);
+        // The ports the Service targets are the container's.
+        for (port, pname) in [(http, "http"), (events, "kv-events"), (replay, "kv-replay")] {
+            assert_eq!(
+                i64::from(container_port(c, &Value::String(pname.into()))),
+                port,
+                "pool {name}: container port {pname}"
+            );
+        }
+
+        // The engines' key and the key kvgate sends them are one Secret entry.
+        assert_eq!(flag(&a, "--api-key").as_deref(), Some("$(VLLM_API_KEY)"));
+        let key_ref = |c: &Value, var: &str| {
+            arr(c, "/env")
+                .iter()
+                .find(|e| e["name"] == var)
+                .and_then(|e| e.pointer("/valueFrom/secretKeyRef"))
+                .cloned()
+                .unwrap_or_else(|| panic!("{var} from a Secret"))
+        };
+        assert_eq!(key_ref(c, "VLLM_API_KEY"), key_ref(kvgate(), "KVGATE_ENGINE_API_KEY"));
     }
-    assert!(a.iter().any(|x| x == "--enable-prefix-caching"));
-    assert!(c["resources"]["limits"]["nvidia.com/gpu"].as_u64().unwrap_or(0) >= 1);
-
-    // The engines' key and the key kvgate sends them are one Secret entry.
-    assert_eq!(flag(&a, "--api-key").as_deref(), Some("$(VLLM_API_KEY)"));
-    let key_ref = |c: &Value, var: &str| {
-        arr(c, "/env")
-            .iter()
-            .find(|e| e["name"] == var)
-            .and_then(|e| e.pointer("/valueFrom/secretKeyRef"))
-            .cloned()
-            .unwrap_or_else(|| panic!("{var} from a Secret"))
-    };
-    assert_eq!(key_ref(c, "VLLM_API_KEY"), key_ref(kvgate(), "KVGATE_ENGINE_API_KEY"));
-
-    let svc_ports: BTreeSet<i64> = arr(find("Service", "vllm-engines"), "/spec/ports")
-        .iter()
-        .map(|p| p["port"].as_i64().unwrap())
-        .collect();
-    assert_eq!(svc_ports, BTreeSet::from([http, events, replay]));
+    assert_eq!(block_sizes.len(), 1, "kvgate's pools share one block size: {block_sizes:?}");
 }
 
 /// Which peers a NetworkPolicy ingress set admits to `port` on pods with
@@ -597,12 +892,17 @@ fn network_policies_keep_event_and_peer_ports_to_kvgate() {
                     && labels_match(&p["podSelector"]["matchLabels"], kv_labels)
             })
     };
-    let d = discovery();
-    for key in ["events_port", "replay_port", "http_port"] {
-        let port = discovery_int(&d, key) as u16;
-        let who = admitted(pod_labels("vllm"), port)
-            .unwrap_or_else(|| panic!("no NetworkPolicy selects the engines (port {port} open)"));
-        assert!(only_kvgate(&who), "engines' port {port} admits {who:?}");
+    for p in pools() {
+        let d = discovery(&p);
+        let (_, deployment) = pool_engines(&p);
+        let engine = s(deployment, "/metadata/name");
+        for key in ["events_port", "replay_port", "http_port"] {
+            let port = discovery_int(&d, key) as u16;
+            let who = admitted(pod_labels(engine), port).unwrap_or_else(|| {
+                panic!("no NetworkPolicy selects the {engine} pods (port {port} open)")
+            });
+            assert!(only_kvgate(&who), "{engine}'s port {port} admits {who:?}");
+        }
     }
     let peer = port_of(&flag(&args(kvgate()), "--peer-listen").unwrap());
     let who = admitted(kv_labels, peer).expect("a NetworkPolicy selects the kvgate pods");
@@ -704,6 +1004,9 @@ fn docs_deploy_md_names_only_real_flags() {
         "--block-size",
         "--port",
         "--host",
+        "--enable-lora",
+        "--lora-modules",
+        "--max-loras",
         // docker, kubectl, cargo
         "--rm",
         "--from-literal",

@@ -85,6 +85,9 @@ function newCard(name) {
   badge.dataset.field = 'health';
   head.append(badge);
   card.append(head);
+  const pool = h('div', 'pool-of');
+  pool.dataset.field = 'pool';
+  card.append(pool);
   const reason = h('div', 'reason');
   reason.dataset.field = 'reason';
   card.append(reason);
@@ -126,8 +129,36 @@ function setTier(card, cls, held, capacity) {
   bar.style.width = `${Math.min(100, 100 * share).toFixed(1)}%`;
 }
 
-function renderReplicas(replicas) {
+// The model pools: a table row each, shown once there is more than one
+// (a single-model kvgate is one pool, and its cards say all of it).
+function renderPools(pools, replicas) {
+  const box = $('pools');
+  box.hidden = pools.length < 2;
+  const body = box.querySelector('tbody');
+  const rows = pools.map((p) => {
+    const mine = replicas.filter((r) => r.pool === p.name);
+    const up = mine.filter((r) => r.health === 'healthy' && !r.draining).length;
+    const tr = h('tr');
+    tr.dataset.pool = p.name;
+    const cells = [
+      p.name,
+      p.model,
+      `${up} / ${mine.length}`,
+      num(p.in_flight),
+      num(p.admission_waiting),
+      `${num(p.decisions[0])} / ${num(p.decisions[1])} / ${num(p.decisions[2])}`,
+      num(p.adapter_loads),
+      `${num(p.adapter_runtime_loads[0])} / ${num(p.adapter_runtime_loads[1])}`,
+    ];
+    for (const c of cells) tr.append(h('td', '', c));
+    return tr;
+  });
+  body.replaceChildren(...rows);
+}
+
+function renderReplicas(replicas, pools) {
   const box = $('replicas');
+  const model = new Map(pools.map((p) => [p.name, p.model]));
   const seen = new Set();
   for (const r of replicas) {
     seen.add(r.name);
@@ -139,6 +170,7 @@ function renderReplicas(replicas) {
     badge.dataset.health = health;
     badge.textContent = r.draining ? 'draining' : r.health;
     set(card, 'reason', r.reason ?? '');
+    set(card, 'pool', pools.length > 1 ? `pool ${r.pool} · ${model.get(r.pool) ?? '?'}` : '');
     setTier(card, 'gpu', r.index_blocks[0], r.capacity_blocks[0]);
     setTier(card, 'cpu', r.index_blocks[1], r.capacity_blocks[1]);
     set(card, 'pending_prefill_tokens', `${num(r.pending_prefill_tokens)} tok`);
@@ -255,7 +287,9 @@ function onFrame(f) {
   $('meta').textContent = `up ${duration(f.uptime_s)} · rates over the last ${f.window_s.toFixed(0)} s · ` +
     `${fl.ttft_samples} first tokens in the window · a frame every ${f.interval_ms} ms`;
 
-  renderReplicas(f.replicas);
+  const pools = f.pools ?? [];
+  renderPools(pools, f.replicas);
+  renderReplicas(f.replicas, pools);
   renderDecisions(f.decisions);
   drawCharts();
   frames += 1;

@@ -20,8 +20,8 @@ fn handle() -> Arc<FleetHandle> {
         index_bound: 1_000,
     };
     let mut f =
-        Fleet::new(Router::new(RouterConfig::default(), Default::default()).unwrap(), rules);
-    let id = f.add("a", 0, 16, true).unwrap();
+        Fleet::new(vec![Router::new(RouterConfig::default(), Default::default()).unwrap()], rules);
+    let id = f.add("a", 0, 16, true, 0).unwrap();
     let scrape =
         EngineScrape { block_size: Some(16), num_gpu_blocks: Some(100), ..EngineScrape::default() };
     f.probe_succeeded(id, Ok(scrape), Instant::now());
@@ -30,7 +30,7 @@ fn handle() -> Arc<FleetHandle> {
 
 fn held(fleet: &Arc<FleetHandle>) -> HeldBooking {
     let req = RouteRequest { prompt_tokens: 64, ..RouteRequest::default() };
-    let Decision::Routed(r) = fleet.route(&req, Instant::now()) else { panic!("not routed") };
+    let Decision::Routed(r) = fleet.route(0, &req, Instant::now()) else { panic!("not routed") };
     HeldBooking::new(Arc::clone(fleet), r.booking)
 }
 

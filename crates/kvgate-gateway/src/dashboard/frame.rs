@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::window::{Rates, ReplicaRates};
-use crate::snapshot::{FleetSnapshot, ReplicaSnapshot};
+use crate::snapshot::{FleetSnapshot, PoolSnapshot, ReplicaSnapshot};
 use crate::ttft_ring::TtftSummary;
 
 /// One replica: its snapshot and how its counters moved.
@@ -62,6 +62,9 @@ pub(crate) struct Frame {
     /// just after the sampler starts).
     pub(crate) window_s: f64,
     pub(crate) fleet: FleetFrame,
+    /// Per model pool (one, `default`, for a single-model config); each
+    /// replica names its pool.
+    pub(crate) pools: Vec<PoolSnapshot>,
     pub(crate) replicas: Vec<ReplicaFrame>,
     /// The last decisions, newest first.
     pub(crate) decisions: Vec<Value>,
@@ -91,6 +94,7 @@ impl Frame {
             degraded: count("degraded"),
             down: count("down"),
         };
+        let pools = snap.pools;
         let mut per_replica = rates.replicas.into_iter();
         let replicas = snap
             .replicas
@@ -111,6 +115,7 @@ impl Frame {
             interval_ms,
             window_s: rates.span_s,
             fleet,
+            pools,
             replicas,
             decisions,
         }
@@ -127,6 +132,7 @@ mod tests {
             replicas: vec![
                 ReplicaSnapshot {
                     name: "r0".into(),
+                    pool: "chat".into(),
                     health: "healthy",
                     index_blocks: [7, 3, 0],
                     capacity_blocks: [100, 50, 0],
@@ -138,6 +144,12 @@ mod tests {
             in_flight: 3,
             decisions: [10, 1, 2],
             uptime_s: 42.0,
+            pools: vec![PoolSnapshot {
+                name: "chat".into(),
+                model: "m".into(),
+                in_flight: 3,
+                ..PoolSnapshot::default()
+            }],
             ..FleetSnapshot::default()
         };
         let rates = Rates {
@@ -159,6 +171,9 @@ mod tests {
         assert_eq!(v["fleet"]["decisions"], serde_json::json!([10, 1, 2]));
         let r0 = &v["replicas"][0];
         assert_eq!(r0["name"], "r0");
+        assert_eq!(r0["pool"], "chat");
+        assert_eq!(v["pools"][0]["name"], "chat");
+        assert_eq!(v["pools"][0]["in_flight"], 3);
         assert_eq!(r0["index_blocks"], serde_json::json!([7, 3, 0]));
         assert_eq!(r0["capacity_blocks"], serde_json::json!([100, 50, 0]));
         assert_eq!(r0["pending_prefill_tokens"], 1234);

@@ -304,7 +304,10 @@ impl Exchange {
             Ok(p) => p,
             Err(e) => return vec![self.refuse(label, RequestError::new(Reason::Invalid, *e))],
         };
-        let mut exclude = ctx.placer.without_adapter(p.adapter.as_deref());
+        let mut exclude = match ctx.placer.not_serving(&p).await {
+            Ok(x) => x,
+            Err(e) => return vec![self.refuse(label, e)],
+        };
         if let Some(subset) = wire::subset_hint(self.metadata.as_ref()) {
             for r in ctx.replicas.all().iter() {
                 if !subset.contains(&r.endpoint) && !exclude.contains(&r.id) {
@@ -312,7 +315,7 @@ impl Exchange {
                 }
             }
         }
-        let mut attempts = Attempts::new(&ctx.placer, exclude);
+        let mut attempts = Attempts::new(&ctx.placer, p.pool, exclude);
         let (routed, replica) = loop {
             let routed = match ctx.placer.place(&p, &mut attempts).await {
                 Ok(r) => r,
@@ -424,7 +427,7 @@ impl Exchange {
         let exclude: Vec<ReplicaId> =
             ctx.replicas.all().iter().map(|r| r.id).filter(|id| *id != other.id).collect();
         let req = p.prepared.route_request(None, &exclude);
-        if let Some(r) = ctx.fleet.route(&req, Instant::now()).routed() {
+        if let Some(r) = ctx.fleet.route(p.prepared.pool, &req, Instant::now()).routed() {
             p.booking = Some(HeldBooking::new(Arc::clone(&ctx.fleet), r.booking));
         }
         p.replica = other;
@@ -485,9 +488,10 @@ impl Exchange {
 }
 
 /// A request kvgate does not key (not a generation route): placed by load
-/// alone, its body passed on as it came.
+/// alone in the first pool, its body passed on as it came.
 fn unkeyed(body: Bytes) -> Prepared {
     Prepared {
+        pool: 0,
         route: Route::Completions,
         tokens: None,
         prompt_tokens: 0,

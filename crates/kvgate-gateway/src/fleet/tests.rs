@@ -7,7 +7,7 @@ use kvgate_events::{Batch, BlockHash, BlockStored, Event};
 use kvgate_index::{block_keys, ReplicaId, Tier};
 use kvgate_router::{Decision, Health, Outcome, RejectReason, RouteRequest, Router, RouterConfig};
 
-use super::Fleet;
+use super::{pick_target, Fleet};
 use crate::replica_status::Failure;
 use crate::scrape::EngineScrape;
 use crate::settings::HealthRules;
@@ -25,7 +25,7 @@ fn rules() -> HealthRules {
 
 fn fleet() -> Fleet {
     let config = RouterConfig { booking_timeout_ms: 5_000, ..RouterConfig::default() };
-    Fleet::new(Router::new(config, Default::default()).unwrap(), rules())
+    Fleet::new(vec![Router::new(config, Default::default()).unwrap()], rules())
 }
 
 fn ms(t0: Instant, ms: u64) -> Instant {
@@ -38,7 +38,7 @@ fn scrape() -> EngineScrape {
 
 /// A replica in rotation: added and probed once at `at`.
 fn up(f: &mut Fleet, name: &str, at: Instant) -> ReplicaId {
-    let id = f.add(name, 0, BS, true).unwrap();
+    let id = f.add(name, 0, BS, true, 0).unwrap();
     f.probe_succeeded(id, Ok(scrape()), at);
     id
 }
@@ -64,8 +64,9 @@ fn route(f: &mut Fleet, keys: &[kvgate_index::BlockKey], now: Instant) -> Decisi
         approx_symbols: None,
         queued_since: None,
         exclude: &[],
+        adapter: None,
     };
-    f.route(&req, now)
+    f.route(0, &req, now)
 }
 
 /// One replica in rotation and a 4-block prompt's keys.
@@ -81,7 +82,7 @@ fn one_replica() -> (Instant, Fleet, ReplicaId, Vec<kvgate_index::BlockKey>) {
 fn a_new_replica_is_down_until_its_first_probe() {
     let t0 = Instant::now();
     let mut f = fleet();
-    let id = f.add("a", 0, BS, true).unwrap();
+    let id = f.add("a", 0, BS, true, 0).unwrap();
     assert_eq!(health(&f, id), Health::Down);
     let r = f.readiness();
     assert_eq!((r.not_seen.len(), r.not_synced.len(), r.in_rotation), (1, 1, 0));
@@ -196,7 +197,7 @@ fn a_drained_replica_gets_no_new_requests_while_its_own_finish() {
         "a draining replica is not routable"
     );
     assert!(!f.idle(id), "its request is still in flight");
-    f.router_mut().finish(first.booking, Outcome::Finished);
+    f.finish(first.booking, Outcome::Finished);
     assert!(f.idle(id));
     f.set_draining(id, false, ms(t0, 3));
     assert!(matches!(route(&mut f, &keys, ms(t0, 4)), Decision::Routed(_)));
@@ -243,9 +244,21 @@ fn adapters_learnt_from_engines_exclude_the_replicas_without_them() {
     assert!(f.set_adapters(a, vec!["sql".into()]));
     assert!(!f.set_adapters(a, vec!["sql".into()]), "unchanged");
     let declared = vec!["chat".to_owned()];
-    assert_eq!(f.without_adapter(Some("sql"), &declared), vec![b]);
-    assert!(f.without_adapter(Some("chat"), &declared).is_empty(), "declared: served by all");
-    assert!(f.without_adapter(None, &declared).is_empty());
-    assert_eq!(f.adapters(&declared), ["chat", "sql"]);
-    assert!(f.engine_serves_adapter("sql") && !f.engine_serves_adapter("chat"));
+    assert_eq!(f.without_adapter(0, Some("sql"), &declared), vec![b]);
+    assert!(f.without_adapter(0, Some("chat"), &declared).is_empty(), "declared: served by all");
+    assert!(f.without_adapter(0, None, &declared).is_empty());
+    assert_eq!(f.adapters(0, &declared), ["chat", "sql"]);
+    assert!(f.adapter_pool("sql") == Some(0) && f.adapter_pool("chat").is_none());
+}
+
+#[test]
+fn loads_go_to_the_healthy_replica_with_the_most_room() {
+    let c = [
+        (ReplicaId(0), Health::Healthy, 3, 0),
+        (ReplicaId(1), Health::Down, 0, 0),
+        (ReplicaId(2), Health::Healthy, 1, 9),
+        (ReplicaId(3), Health::Healthy, 1, 2),
+    ];
+    assert_eq!(pick_target(c), Some(ReplicaId(3)));
+    assert_eq!(pick_target([(ReplicaId(1), Health::Degraded, 0, 0)]), None);
 }

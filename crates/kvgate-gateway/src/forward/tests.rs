@@ -58,7 +58,7 @@ async fn gateway(
 /// One token-id completion through `forward`: status, headers, body.
 async fn complete(api: &ApiContext, stream: bool) -> (u16, HeaderMap, String) {
     let body = serde_json::json!({
-        "model": api.model.served_name,
+        "model": api.pools.all()[0].model.served_name,
         "prompt": (0..64).collect::<Vec<u32>>(),
         "max_tokens": 4,
         "stream": stream,
@@ -233,4 +233,141 @@ async fn a_data_parallel_rank_is_pinned_by_header() {
         let sent: serde_json::Value = serde_json::from_slice(&seen.body).expect("JSON body");
         assert_eq!(sent["prompt"], serde_json::json!((0..64).collect::<Vec<u32>>()));
     }
+}
+
+/// Two model pools: `q` (alias `qa`, adapter `qsql`) on a and b, `l` on c.
+async fn two_pools() -> (Arc<ApiContext>, Arc<FakeEngines>) {
+    let text = r#"
+        [[pools]]
+        name = "qwen"
+        model.served_name = "q"
+        model.aliases = ["qa"]
+        model.lora_adapters = ["qsql"]
+        replicas = [{ url = "http://a:1" }, { url = "http://b:2" }]
+        [[pools]]
+        name = "llama"
+        model.served_name = "l"
+        replicas = [{ url = "http://c:3" }]
+    "#;
+    let config = GatewayConfig::from_toml_with_overrides(text, &[]).expect("config");
+    config.validate().expect("valid");
+    let fake = Arc::new(FakeEngines::default());
+    let replicas = config.all_replicas();
+    let made = crate::state::request_path_for_tests(config, tokenizer(), fake.clone());
+    let (api, registry) = made.expect("state");
+    for r in replicas {
+        registry.add_ranks(r).expect("replica");
+    }
+    for _ in 0..400 {
+        if api.fleet.with(|f| f.readiness().in_rotation) == 3 {
+            return (api, fake);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("replicas never came into rotation");
+}
+
+/// A completion for `model`: status, `Retry-After`, body.
+async fn complete_model(api: &ApiContext, model: &str) -> (u16, Option<String>, String) {
+    let body = serde_json::json!({ "model": model, "prompt": [1, 2, 3], "max_tokens": 2 });
+    let body = Bytes::from(body.to_string());
+    let p = match crate::prepare::completions(&api.preparer, body).await {
+        Ok(p) => p,
+        Err(e) => {
+            let e =
+                crate::request_error::RequestError::new(crate::request_error::Reason::Invalid, *e);
+            let resp = crate::response::answer(&api.metrics, "completions", "", &e);
+            let status = resp.status().as_u16();
+            let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
+            return (status, None, String::from_utf8(body.to_vec()).expect("utf-8"));
+        }
+    };
+    let permit =
+        Arc::new(Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("permit"));
+    let resp = forward(&api.forwarder, p, &HeaderMap::new(), permit, Instant::now()).await;
+    let status = resp.status().as_u16();
+    let retry = resp.headers().get("retry-after").map(|v| v.to_str().unwrap_or("").to_owned());
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
+    (status, retry, String::from_utf8(body.to_vec()).expect("utf-8"))
+}
+
+#[tokio::test]
+async fn each_model_reaches_only_its_pool_and_aliases_are_rewritten() {
+    let (api, fake) = two_pools().await;
+    for model in ["q", "qa", "qsql", "l", "q", "l"] {
+        let (status, _, body) = complete_model(&api, model).await;
+        assert_eq!(status, 200, "{model}: {body}");
+    }
+    let seen = fake.seen();
+    let sent_model = |s: &crate::engine_fake::Seen| {
+        let v: serde_json::Value = serde_json::from_slice(&s.body).expect("json");
+        v["model"].as_str().unwrap_or_default().to_owned()
+    };
+    for (s, asked) in seen.iter().zip(["q", "qa", "qsql", "l", "q", "l"]) {
+        let pool_engines: &[&str] = if asked == "l" { &["c:3"] } else { &["a:1", "b:2"] };
+        assert!(pool_engines.contains(&s.engine.as_str()), "{asked} went to {}", s.engine);
+        let want = if asked == "qa" { "q" } else { asked };
+        assert_eq!(sent_model(s), want, "the engine gets the served name for an alias");
+    }
+    let (status, _, body) = complete_model(&api, "nope").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("The model `nope` does not exist."), "{body}");
+    let m = metrics(&api);
+    assert!(m.contains(r#"kvgate_pool_decisions_total{pool="llama",outcome="routed"} 2"#), "{m}");
+    assert!(m.contains(r#"kvgate_pool_decisions_total{pool="qwen",outcome="routed"} 4"#));
+    assert!(m.contains(r#"kvgate_replica_pool{replica="http://c:3",pool="llama"} 1"#));
+}
+
+#[tokio::test]
+async fn a_pool_without_a_healthy_replica_is_refused_and_the_others_serve_on() {
+    let (api, _fake) = two_pools().await;
+    let c = replica(&api, "c:3");
+    api.fleet.with(|f| f.set_draining(c.id, true, Instant::now()));
+    let (status, retry, body) = complete_model(&api, "l").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(retry.is_some_and(|r| r.parse::<u64>().is_ok_and(|s| s >= 1)), "Retry-After");
+    for model in ["q", "qa", "qsql"] {
+        assert_eq!(complete_model(&api, model).await.0, 200, "{model} unaffected");
+    }
+}
+
+/// A pool that may load `ext`: the first request for it loads it on one
+/// replica through vLLM's runtime API, then goes there; the next finds it
+/// served and loads nothing. A failed load is a 503 that says why.
+#[tokio::test]
+async fn an_adapter_no_replica_serves_is_loaded_once_then_served() {
+    let (api, fake) = gateway(&["a:1", "b:2"], |c| {
+        c.model.loadable_adapters = vec!["ext=/adapters/ext".into(), "bad=/nowhere".into()];
+    })
+    .await;
+    // Listed before any load: a client may name them.
+    let axum::Json(list) = crate::api::models(axum::extract::State(Arc::clone(&api))).await;
+    let ids: Vec<_> =
+        list["data"].as_array().expect("data").iter().map(|m| m["id"].clone()).collect();
+    assert_eq!(ids, ["Qwen/Qwen3-0.6B", "bad", "ext"], "{list}");
+    fake.next([Answer::Status(200, "Success: LoRA adapter 'ext' added successfully.")]);
+    let (status, _, body) = complete_model(&api, "ext").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(complete_model(&api, "ext").await.0, 200);
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 3, "one load, two generations");
+    assert_eq!(seen[0].path, "/v1/load_lora_adapter");
+    let load: serde_json::Value = serde_json::from_slice(&seen[0].body).expect("json");
+    assert_eq!(
+        (load["lora_name"].as_str(), load["lora_path"].as_str()),
+        (Some("ext"), Some("/adapters/ext"))
+    );
+    assert!(seen[1..].iter().all(|s| s.engine == seen[0].engine), "only where it was loaded");
+    fake.next([Answer::Status(404, r#"{"error":{"message":"not found"}}"#)]);
+    let (status, retry, body) = complete_model(&api, "bad").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("could not be loaded") && retry.is_some(), "{body}");
+    let m = metrics(&api);
+    assert!(
+        m.contains(r#"kvgate_pool_adapter_runtime_loads_total{pool="default",outcome="loaded"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"kvgate_pool_adapter_runtime_loads_total{pool="default",outcome="failed"} 1"#)
+    );
 }

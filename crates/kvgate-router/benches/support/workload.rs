@@ -184,5 +184,6 @@ pub(crate) fn request<'a>(w: &'a Workload, p: usize) -> RouteRequest<'a> {
         approx_symbols: None,
         queued_since: None,
         exclude: &[],
+        adapter: None,
     }
 }

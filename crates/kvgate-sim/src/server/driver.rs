@@ -41,6 +41,11 @@ pub(crate) enum Command {
     ResetPrefixCache(oneshot::Sender<bool>),
     /// The engine's true cache contents: (GPU hashes, CPU-tier hashes).
     CachedBlocks(oneshot::Sender<(Vec<BlockHash>, Vec<BlockHash>)>),
+    /// A runtime-loaded adapter takes a GPU slot (its load time was waited
+    /// for by the HTTP layer); answered when done.
+    LoadLora(String, oneshot::Sender<()>),
+    /// An unloaded adapter frees its slot.
+    UnloadLora(String, oneshot::Sender<()>),
 }
 
 /// Where a live request's tokens go.
@@ -72,7 +77,7 @@ pub(crate) async fn run(
     let start = Instant::now();
     let virtual_now = |start: Instant| start.elapsed().mul_f64(speedup);
     let mut reqs = Requests { live: FxHashMap::default(), stats: Tracker::with_speedup(speedup) };
-    metrics.set_stats(engine.stats());
+    report(&engine, &metrics);
     let mut last_end: Option<Duration> = None;
     let max_lag = MAX_TIMER_LAG.mul_f64(speedup);
     loop {
@@ -84,7 +89,7 @@ pub(crate) async fn run(
             handle(&mut engine, &mut reqs, cmd, virtual_now(start), &publisher, &metrics);
         }
         if !engine.has_work() {
-            metrics.set_stats(engine.stats());
+            report(&engine, &metrics);
             continue;
         }
         // While busy, steps run back to back on the model's clock: the next
@@ -113,7 +118,7 @@ pub(crate) async fn run(
         // Metrics before tokens: a client that has its last token can
         // scrape its request's observations.
         metrics.record(&record);
-        metrics.set_stats(engine.stats());
+        report(&engine, &metrics);
         for t in out.tokens {
             let finished = t.finished.is_some();
             if let Some(l) = reqs.live.get(&t.request_id) {
@@ -160,6 +165,16 @@ fn handle(
         Command::CachedBlocks(reply) => {
             let _ = reply.send((engine.gpu_cached_hashes(), engine.cpu_cached_hashes()));
         }
+        Command::LoadLora(name, reply) => {
+            engine.load_lora(&name);
+            report(engine, metrics);
+            let _ = reply.send(());
+        }
+        Command::UnloadLora(name, reply) => {
+            engine.unload_lora(&name);
+            report(engine, metrics);
+            let _ = reply.send(());
+        }
         Command::ResetPrefixCache(reply) => {
             let ok = engine.reset_prefix_cache();
             if ok {
@@ -167,10 +182,20 @@ fn handle(
                 // the next request's first step.
                 let out = engine.step(now);
                 publish(publisher, out.events);
-                metrics.set_stats(engine.stats());
+                report(engine, metrics);
             }
             let _ = reply.send(ok);
         }
+    }
+}
+
+/// Hands the engine's counters to `/metrics`, and with LoRA on its running
+/// and waiting adapters (for `vllm:lora_requests_info`, stamped now).
+fn report(engine: &Engine, metrics: &Metrics) {
+    metrics.set_stats(engine.stats());
+    if metrics.lora_enabled() {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+        metrics.set_loras(&engine.running_loras(), &engine.waiting_loras(), now);
     }
 }
 

@@ -20,12 +20,18 @@ use tokio::sync::{mpsc, oneshot};
 use crate::engine::{FinishReason, RequestId, TokenOutput};
 use crate::hash::CacheIdentity;
 use crate::server::driver::{Command, NewRequest};
+use crate::server::metrics::render_lora_info;
 use crate::server::AppState;
 
 pub(super) type Shared = Arc<AppState>;
 
 pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     let kind = if status == StatusCode::NOT_FOUND { "NotFoundError" } else { "BadRequestError" };
+    error_typed(status, kind, message)
+}
+
+/// vLLM's error body with an explicit `type` (`create_error_response`).
+pub(super) fn error_typed(status: StatusCode, kind: &str, message: impl Into<String>) -> Response {
     (
         status,
         Json(json!({"error": {"message": message.into(), "type": kind, "param": null, "code": status.as_u16()}})),
@@ -62,24 +68,56 @@ pub(super) async fn health() -> StatusCode {
     StatusCode::OK
 }
 
-/// The model, then its adapters with the model as `parent`, as vLLM lists them.
+/// As vLLM lists them (`OpenAIServingModels.show_available_models`): one card
+/// per served name (`root` the model, `max_model_len`), then each adapter in
+/// load order (`root` its path, `parent` its base model or the first served
+/// name, no `max_model_len`), each with one default permission.
 pub(super) async fn models(State(state): State<Shared>) -> Json<Value> {
     let created = unix_now();
-    let card = |id: &str, parent: Option<&str>| {
+    let mut n = 0u64;
+    let mut card = |id: &str, root: &str, parent: Option<&str>, max_len: Option<u64>| {
+        n += 1;
         json!({
             "id": id,
             "object": "model",
             "created": created,
             "owned_by": "vllm",
-            "root": id,
+            "root": root,
             "parent": parent,
-            "max_model_len": state.config.engine.max_model_len(),
+            "max_model_len": max_len,
+            "permission": [{
+                "id": format!("modelperm-sim{created:x}{n:04x}"),
+                "object": "model_permission",
+                "created": created,
+                "allow_create_engine": false,
+                "allow_sampling": true,
+                "allow_logprobs": true,
+                "allow_search_indices": false,
+                "allow_view": true,
+                "allow_fine_tuning": false,
+                "organization": "*",
+                "group": null,
+                "is_blocking": false,
+            }],
         })
     };
-    let model = state.config.model.as_str();
-    let adapters = state.config.lora_adapters.iter().map(|a| card(a, Some(model)));
-    let data: Vec<Value> = std::iter::once(card(model, None)).chain(adapters).collect();
+    let max_len = Some(state.config.engine.max_model_len());
+    let first = state.served_names.first().map_or(state.config.model.as_str(), String::as_str);
+    let mut data: Vec<Value> = Vec::new();
+    for name in &state.served_names {
+        data.push(card(name, &state.config.model, None, max_len));
+    }
+    for a in state.adapters() {
+        let base =
+            a.base_model_name.as_deref().filter(|b| state.served_names.iter().any(|n| n == b));
+        data.push(card(&a.name, &a.path, Some(base.unwrap_or(first)), None));
+    }
     Json(json!({ "object": "list", "data": data }))
+}
+
+/// The model's name in responses and metrics: the first served name.
+fn primary_name(state: &AppState) -> &str {
+    state.served_names.first().map_or(state.config.model.as_str(), String::as_str)
 }
 
 pub(super) async fn metrics(State(state): State<Shared>) -> Response {
@@ -89,9 +127,18 @@ pub(super) async fn metrics(State(state): State<Shared>) -> Response {
         .rank_metrics
         .iter()
         .enumerate()
-        .map(|(rank, m)| m.render(&state.config.model, &state.config.engine, rank))
+        .map(|(rank, m)| m.render(primary_name(&state), &state.config.engine, rank))
         .collect();
-    let text = merge_families(&pages);
+    let mut text = merge_families(&pages);
+    if state.config.lora_enabled() {
+        // One family for all ranks: vLLM's gauge has no `engine` label.
+        let series: Vec<Vec<(String, f64)>> =
+            state.rank_metrics.iter().map(|m| m.lora_series()).collect();
+        text.push_str(&render_lora_info(
+            series.iter().map(Vec::as_slice),
+            state.config.engine.max_loras,
+        ));
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -207,9 +254,7 @@ pub(super) fn parse_json(body: &Bytes) -> Result<Value, ApiError> {
 
 pub(super) fn check_model(state: &AppState, model: Option<&str>) -> Result<(), ApiError> {
     match model {
-        Some(m)
-            if m != state.config.model && !state.config.lora_adapters.iter().any(|a| a == m) =>
-        {
+        Some(m) if !state.serves(m) => {
             Err(ApiError(StatusCode::NOT_FOUND, format!("The model `{m}` does not exist.")))
         }
         _ => Ok(()),
@@ -225,6 +270,9 @@ pub(super) struct Sampling {
     pub(super) identity: CacheIdentity,
     /// `X-data-parallel-rank`, if the request named one.
     pub(super) dp_rank: Option<u32>,
+    /// `model` in the response: the adapter's name, else the first served
+    /// name whatever alias the request used (vLLM's `model_name(lora)`).
+    pub(super) model_name: String,
 }
 
 impl Sampling {
@@ -238,11 +286,12 @@ impl Sampling {
     ) -> Sampling {
         self.dp_rank = requested_rank(headers);
         self.identity = CacheIdentity {
-            lora_name: model
-                .filter(|m| state.config.lora_adapters.iter().any(|a| a == m))
-                .map(str::to_owned),
+            lora_name: model.filter(|m| state.has_adapter(m)).map(str::to_owned),
             cache_salt: cache_salt.and_then(Value::as_str).map(str::to_owned),
         };
+        if let Some(adapter) = &self.identity.lora_name {
+            self.model_name = adapter.clone();
+        }
         self
     }
 }
@@ -256,6 +305,7 @@ pub(super) fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option
         ignore_eos: extra.get("ignore_eos").and_then(Value::as_bool).unwrap_or(false),
         identity: CacheIdentity::default(),
         dp_rank: None,
+        model_name: primary_name(state).to_owned(),
     }
 }
 
@@ -563,7 +613,7 @@ async fn generate(
     };
     let rid = format!("{prefix}-sim{id:016x}");
     let created = unix_now();
-    let model = state.config.model.clone();
+    let model = s.model_name.clone();
 
     if !stream {
         let mut text = String::new();

@@ -11,6 +11,7 @@
 //! `--speedup X` the model's durations are reported X times shorter.
 
 mod histogram;
+mod lora;
 mod observed;
 mod scrape;
 
@@ -26,6 +27,8 @@ pub use histogram::{
     request_tokens_buckets, ITERATION_TOKENS_BUCKETS, ITL_BUCKETS, REQUEST_LATENCY_BUCKETS,
     REQUEST_NUM_PREEMPTIONS_BUCKETS, TTFT_BUCKETS,
 };
+pub(crate) use lora::render_info as render_lora_info;
+use lora::LoraInfo;
 use observed::Observed;
 pub use scrape::{scrape, scrape_histogram, scrape_labeled, HistogramTotals};
 
@@ -35,6 +38,8 @@ pub struct Metrics {
     stats: Mutex<EngineStats>,
     observed: Mutex<Observed>,
     tokenizations: AtomicU64,
+    /// Behind `vllm:lora_requests_info` (see `metrics/lora.rs`).
+    lora: Mutex<LoraInfo>,
 }
 
 impl Default for Metrics {
@@ -56,7 +61,27 @@ impl Metrics {
             stats: Mutex::default(),
             observed: Mutex::new(Observed::new(max_model_len)),
             tokenizations: AtomicU64::new(0),
+            lora: Mutex::default(),
         }
+    }
+
+    /// LoRA is on (vLLM's `--enable-lora`): export the LoRA metrics.
+    pub(crate) fn enable_lora(&self) {
+        lock(&self.lora).enabled = true;
+    }
+
+    pub(crate) fn lora_enabled(&self) -> bool {
+        lock(&self.lora).enabled
+    }
+
+    /// The engine's running and waiting adapters at Unix time `now`.
+    pub(crate) fn set_loras(&self, running: &[String], waiting: &[String], now: f64) {
+        lock(&self.lora).update(running, waiting, now);
+    }
+
+    /// `vllm:lora_requests_info`'s label sets with their times.
+    pub(crate) fn lora_series(&self) -> Vec<(String, f64)> {
+        lock(&self.lora).series().to_vec()
     }
 
     pub(crate) fn set_stats(&self, stats: EngineStats) {
@@ -159,6 +184,23 @@ impl Metrics {
             "vllm:generation_tokens_total",
             float(s.generated_tokens as f64),
         );
+        if self.lora_enabled() {
+            // vLLM has no counter of adapter loads; these are the sim's.
+            metric(
+                "kvgate_sim_lora_loads",
+                "counter",
+                "LoRA adapters made resident in a GPU slot (not a vLLM metric).",
+                "kvgate_sim_lora_loads_total",
+                float(s.lora_loads as f64),
+            );
+            metric(
+                "kvgate_sim_lora_evictions",
+                "counter",
+                "LoRA adapters evicted from their GPU slot by another's load (not a vLLM metric).",
+                "kvgate_sim_lora_evictions_total",
+                float(s.lora_evictions as f64),
+            );
+        }
         metric(
             "kvgate_sim_tokenizations",
             "counter",

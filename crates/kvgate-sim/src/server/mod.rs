@@ -7,13 +7,14 @@
 
 mod driver;
 mod http;
+mod lora;
 pub mod metrics;
 mod render;
 mod routes;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use kvgate_events::offset_endpoint_port;
 use kvgate_events::publisher::{LocalEndpoints, Publisher, PublisherConfig, PublisherError};
@@ -26,6 +27,7 @@ use crate::engine::Engine;
 use crate::error::SimError;
 use crate::EngineConfig;
 
+pub use lora::{runtime_lora_updating_from_env, LoraModule};
 pub use metrics::Metrics;
 
 /// Everything one replica needs besides its listener and tokenizer.
@@ -33,11 +35,23 @@ pub use metrics::Metrics;
 pub struct ServerConfig {
     /// The engine model.
     pub engine: EngineConfig,
-    /// The served model name (`/v1/models`, responses, metric labels).
+    /// The model (vLLM's `--model`): the served name when
+    /// `served_model_names` is empty, and `root` of the model's cards.
     pub model: String,
-    /// LoRA adapters served beside the model (vLLM's `--lora-modules`): a
-    /// request naming one hashes its blocks under the adapter.
+    /// vLLM's `--served-model-name`: every name requests may use for the
+    /// model; the first one names it in responses and metric labels.
+    /// Empty: `model` alone.
+    pub served_model_names: Vec<String>,
+    /// LoRA adapters served beside the model, by name only (path = name):
+    /// a request naming one hashes its blocks under the adapter.
     pub lora_adapters: Vec<String>,
+    /// LoRA adapters with paths (vLLM's `--lora-modules`), after
+    /// `lora_adapters`. Both kinds are loaded into the GPU slots at start,
+    /// in order, as vLLM loads its static adapters.
+    pub lora_modules: Vec<LoraModule>,
+    /// Mount `/v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM
+    /// mounts them when `VLLM_ALLOW_RUNTIME_LORA_UPDATING` is true).
+    pub allow_runtime_lora_updating: bool,
     /// Real time runs this many times faster than the timing model.
     pub speedup: f64,
     /// When set, `/v1/*` requires `Authorization: Bearer <key>`.
@@ -76,7 +90,10 @@ impl Default for ServerConfig {
         ServerConfig {
             engine: EngineConfig::default(),
             model: "Qwen/Qwen3-0.6B".to_owned(),
+            served_model_names: Vec::new(),
             lora_adapters: Vec::new(),
+            lora_modules: Vec::new(),
+            allow_runtime_lora_updating: false,
             speedup: 1.0,
             api_key: None,
             events: None,
@@ -111,6 +128,36 @@ pub enum ServerError {
     /// A rank's event endpoint cannot be derived (no port, or past 65535).
     #[error("kv events for a data-parallel rank: {0}")]
     RankPort(String),
+    /// Two static adapters share a name (vLLM refuses to start then too).
+    #[error("lora adapter {0:?} is given twice")]
+    DuplicateAdapter(String),
+}
+
+impl ServerConfig {
+    /// The names requests may use for the model; the first is its name in
+    /// responses and metrics.
+    pub fn served_names(&self) -> Vec<String> {
+        if self.served_model_names.is_empty() {
+            vec![self.model.clone()]
+        } else {
+            self.served_model_names.clone()
+        }
+    }
+
+    /// The static adapters, in load order: `lora_adapters`, then `lora_modules`.
+    pub fn static_adapters(&self) -> Vec<LoraModule> {
+        let named = self.lora_adapters.iter().map(|n| LoraModule::named(n));
+        named.chain(self.lora_modules.iter().cloned()).collect()
+    }
+
+    /// Whether LoRA is on (vLLM's `--enable-lora`): some adapter is
+    /// configured, or adapters may be loaded at runtime. Only then are the
+    /// LoRA metrics exported.
+    pub fn lora_enabled(&self) -> bool {
+        !self.lora_adapters.is_empty()
+            || !self.lora_modules.is_empty()
+            || self.allow_runtime_lora_updating
+    }
 }
 
 /// State shared by the HTTP handlers of one replica.
@@ -124,9 +171,38 @@ pub(crate) struct AppState {
     /// Rank 0's: what the HTTP layer counts itself (tokenizations).
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) tokenizer: Arc<TokenizeService>,
+    /// `ServerConfig::served_names`, resolved once.
+    pub(crate) served_names: Vec<String>,
+    /// The adapters requests may name now (static ones, then runtime loads),
+    /// in the order `/v1/models` lists them. Never held across an await.
+    pub(crate) adapters: RwLock<Vec<LoraModule>>,
+    /// Serialises runtime loads and unloads.
+    pub(crate) lora_update: tokio::sync::Mutex<()>,
     pub(crate) next_id: AtomicU64,
     pub(crate) finished: AtomicU64,
     pub(crate) exit: watch::Sender<bool>,
+}
+
+impl AppState {
+    /// Whether `name` is a servable adapter now.
+    pub(crate) fn has_adapter(&self, name: &str) -> bool {
+        self.adapters.read().unwrap_or_else(PoisonError::into_inner).iter().any(|a| a.name == name)
+    }
+
+    /// The servable adapters now.
+    pub(crate) fn adapters(&self) -> Vec<LoraModule> {
+        self.adapters.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Changes the adapter list under its lock.
+    pub(crate) fn with_adapters(&self, f: impl FnOnce(&mut Vec<LoraModule>)) {
+        f(&mut self.adapters.write().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// Whether `model` names the model or a servable adapter.
+    pub(crate) fn serves(&self, model: &str) -> bool {
+        self.served_names.iter().any(|n| n == model) || self.has_adapter(model)
+    }
 }
 
 /// A running replica.
@@ -213,10 +289,20 @@ pub async fn start(
     if !(1..=64).contains(&size) {
         return Err(ServerError::DataParallelSize(size));
     }
+    let adapters = config.static_adapters();
+    for (i, a) in adapters.iter().enumerate() {
+        if adapters[..i].iter().any(|b| b.name == a.name) {
+            return Err(ServerError::DuplicateAdapter(a.name.clone()));
+        }
+    }
     let (mut ranks, mut rank_metrics, mut rank_events, mut publishers) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for rank in 0..size {
-        let engine = Engine::new(config.engine.clone())?;
+        let mut engine = Engine::new(config.engine.clone())?;
+        // vLLM loads its static adapters at startup, each into a GPU slot.
+        for a in &adapters {
+            engine.load_lora(&a.name);
+        }
         let publisher = match &config.events {
             Some(pc) => Some(Arc::new(Publisher::start(rank_publisher(pc, rank)?).await?)),
             None => None,
@@ -225,6 +311,9 @@ pub async fn start(
             rank_events.push(p.local_endpoints().clone());
         }
         let metrics = Arc::new(Metrics::new(config.engine.max_model_len()));
+        if config.lora_enabled() {
+            metrics.enable_lora();
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         // vLLM stamps a DP engine's batches with its rank.
         let dp_rank = (size > 1).then_some(rank);
@@ -246,12 +335,16 @@ pub async fn start(
     let events = rank_events.first().cloned();
     let http_addr = listener.local_addr()?;
     let (exit_tx, exit) = watch::channel(false);
+    let served_names = config.served_names();
     let state = Arc::new(AppState {
         config,
         ranks,
         rank_metrics,
         metrics: Arc::clone(&metrics),
         tokenizer,
+        served_names,
+        adapters: RwLock::new(adapters),
+        lora_update: tokio::sync::Mutex::new(()),
         next_id: AtomicU64::new(1),
         finished: AtomicU64::new(0),
         exit: exit_tx,

@@ -1,7 +1,8 @@
 //! The replica's HTTP surface: every route, mounted in one place, behind
 //! vLLM's `--api-key` check. Handlers live in `http.rs` (generation, models,
 //! metrics, tokenize) and `render.rs` (render and version); this module is
-//! the only one that names both.
+//! the only one that names both. The runtime LoRA routes (`lora.rs`) are
+//! mounted only when allowed.
 
 use std::sync::Arc;
 
@@ -14,10 +15,18 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::server::http::{self, Shared};
-use crate::server::render;
+use crate::server::{lora, render};
 
 pub(crate) fn router(state: Shared) -> Router {
-    Router::new()
+    let mut router = Router::new();
+    if state.config.allow_runtime_lora_updating {
+        // Mounted only then, as vLLM does (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`):
+        // otherwise the paths answer 404.
+        router = router
+            .route("/v1/load_lora_adapter", post(lora::load_lora_adapter))
+            .route("/v1/unload_lora_adapter", post(lora::unload_lora_adapter));
+    }
+    router
         .route("/health", get(http::health))
         .route("/v1/models", get(http::models))
         .route("/metrics", get(http::metrics))

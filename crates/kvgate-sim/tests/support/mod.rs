@@ -1,0 +1,26 @@
+//! What the HTTP test binaries share: the model name, one bundled
+//! tokenizer service per binary, and a simulated replica on loopback.
+#![allow(clippy::unwrap_used, dead_code)]
+
+use std::sync::{Arc, OnceLock};
+
+use kvgate_sim::server::{start, Replica, ServerConfig};
+use kvgate_tokenize::service::{Tokenize, TokenizeService};
+use kvgate_tokenize::ChatTokenizer;
+use tokio::net::TcpListener;
+
+pub(crate) const MODEL: &str = "Qwen/Qwen3-0.6B";
+
+pub(crate) fn tokenizer() -> Arc<TokenizeService> {
+    static T: OnceLock<Arc<TokenizeService>> = OnceLock::new();
+    Arc::clone(T.get_or_init(|| {
+        let t = Tokenize::new(ChatTokenizer::bundled().unwrap(), None);
+        Arc::new(TokenizeService::new(t, 1).unwrap())
+    }))
+}
+
+/// A simulated replica with `config`, listening on a free loopback port.
+pub(crate) async fn replica(config: ServerConfig) -> Replica {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    start(config, listener, tokenizer()).await.unwrap()
+}
