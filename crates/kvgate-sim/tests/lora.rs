@@ -4,13 +4,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use kvgate_sim::server::metrics::{scrape, scrape_labeled};
-use kvgate_sim::server::{start, LoraModule, Replica, ServerConfig};
+use kvgate_sim::server::{LoraModule, Replica, ServerConfig};
 use kvgate_sim::EngineConfig;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 
 mod support;
-use support::{replica, tokenizer, MODEL};
+use support::{replica, MODEL};
 
 fn config() -> ServerConfig {
     ServerConfig {

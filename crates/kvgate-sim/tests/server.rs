@@ -8,14 +8,13 @@ use kvgate_events::publisher::{loopback_endpoint, PublisherConfig};
 use kvgate_events::subscriber::{Subscriber, SubscriberConfig, SubscriberMetrics, Update};
 use kvgate_events::{Event, Layout};
 use kvgate_sim::server::metrics::scrape;
-use kvgate_sim::server::{start, Replica, ServerConfig};
+use kvgate_sim::server::{Replica, ServerConfig};
 use kvgate_sim::EngineConfig;
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
 mod support;
-use support::{replica, tokenizer, MODEL};
+use support::{replica, MODEL};
 
 fn config() -> ServerConfig {
     ServerConfig {
