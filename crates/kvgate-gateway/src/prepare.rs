@@ -75,6 +75,7 @@ impl Prepared {
             queued_since,
             exclude,
             adapter: self.adapter.as_deref(),
+            remote_kv_s_per_token: None,
         }
     }
 

@@ -100,6 +100,25 @@ pub struct FleetSpec {
     /// index and router, and serves only its model's requests. Empty: one
     /// pool that serves every request (a one-model workload).
     pub pools: Vec<String>,
+    /// A prefill/decode fleet: the first `prefill` replicas prefill, the
+    /// rest decode, each side with its own index and router, and the
+    /// planner of [`DisaggSpec::mode`] deciding per request. `None`: every
+    /// replica serves whole requests.
+    pub disagg: Option<DisaggSpec>,
+}
+
+/// The prefill/decode split of a fleet ([`FleetSpec::disagg`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DisaggSpec {
+    /// Prefill replicas (the first ones); the others decode.
+    pub prefill: usize,
+    /// How the planner decides whether to split.
+    pub mode: kvgate_router::DisaggMode,
+    /// The model's KV bytes per token.
+    pub kv_bytes_per_token: u64,
+    /// The prefill-to-decode link, bytes per second: a transfer takes the
+    /// tokens the decode replica lacks × bytes per token ÷ this.
+    pub bandwidth_bytes_per_s: f64,
 }
 
 impl FleetSpec {
@@ -124,11 +143,15 @@ impl FleetSpec {
             // `kvgate serve` scrapes `/metrics` once a second by default.
             report_every: Duration::from_millis(1000),
             pools: Vec::new(),
+            disagg: None,
         }
     }
 
     /// Pools: one per base model of [`FleetSpec::pools`], at least one.
     pub fn pool_count(&self) -> usize {
+        if self.disagg.is_some() {
+            return 2;
+        }
         self.pools.len().max(1)
     }
 
@@ -136,6 +159,9 @@ impl FleetSpec {
     /// contiguous, differ by at most one replica, and none is empty while
     /// there are at least as many replicas as pools.
     pub fn pool_of(&self, r: usize) -> usize {
+        if let Some(d) = &self.disagg {
+            return usize::from(r >= d.prefill);
+        }
         r * self.pool_count() / self.replicas.max(1)
     }
 

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use kvgate_events::Event;
 use kvgate_index::{Index, PrefixMatch, ReplicaId, ReplicaSpec};
 use kvgate_router::{
-    Booking, Decision, EngineReport, EngineTiming, Outcome, ReplicaInfo, RouteRequest, Router,
-    RouterConfig, RouterMetrics,
+    Booking, Decision, Disagg, DisaggConfig, EngineReport, EngineTiming, Outcome, ReplicaInfo,
+    RouteRequest, Router, RouterConfig, RouterMetrics,
 };
 use kvgate_sim::{CacheIdentity, Engine, EngineConfig, EngineStats, Tracker};
 use rustc_hash::FxHashMap;
@@ -43,6 +43,10 @@ use rustc_hash::FxHashMap;
 use crate::capacity::FleetSpec;
 use crate::error::ReplayError;
 use crate::workload::Workload;
+
+mod disagg;
+
+use disagg::{SplitHop, PREFILL_HOP};
 
 /// Virtual time between two load samples.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -71,6 +75,10 @@ pub struct Record {
     pub routed_cached_blocks: u32,
     /// The longest prefix (blocks, any tier) the index showed on any replica.
     pub best_indexed_blocks: u32,
+    /// Disaggregated: prefilled on another replica than `replica`, which
+    /// decoded it; `cached_tokens` is then the prefill replica's hit, as
+    /// vLLM's decode side reports it.
+    pub split: bool,
 }
 
 /// Requests in each replica's engine (running + waiting) at one moment.
@@ -89,6 +97,10 @@ enum Delivery {
     Events { replica: usize, events: Vec<Event> },
     /// A first token (and maybe the end) of a request reaches the router.
     Token { request: usize, is_first: bool, finished: bool, cached_tokens: u32 },
+    /// A disaggregated request's prefill hop finished on its prefill replica.
+    PrefillDone { request: usize, cached_tokens: u32 },
+    /// Its KV reached its decode replica, which now takes the decode hop.
+    Transfer { request: usize },
 }
 
 /// One model pool: its own index and router over its replicas.
@@ -143,6 +155,15 @@ pub struct Fleet {
     pub model_violations: u64,
     /// Requests naming a model no pool serves (not served).
     pub unknown_model: u64,
+    /// A P/D fleet's planner (pool 0 prefills, pool 1 decodes).
+    disagg: Option<Disagg>,
+    /// The physical prefill-to-decode link of a P/D fleet: seconds per token.
+    transfer_s_per_token: f64,
+    /// Split requests between their prefill hop's admission and their
+    /// decode hop's.
+    hops: FxHashMap<usize, SplitHop>,
+    /// Each transfer of a split request: (tokens, seconds).
+    pub transfers: Vec<(u64, f64)>,
 }
 
 impl Fleet {
@@ -194,10 +215,36 @@ impl Fleet {
             engines.push(Engine::new(c).map_err(|e| bad(e.to_string()))?);
         }
         let n = engines.len();
-        let pool_models = if spec.pools.is_empty() {
+        let pool_models = if spec.disagg.is_some() {
+            if !spec.pools.is_empty() {
+                return Err(bad("a prefill/decode fleet serves one model".into()));
+            }
+            vec![None, None]
+        } else if spec.pools.is_empty() {
             vec![None]
         } else {
             spec.pools.iter().cloned().map(Some).collect()
+        };
+        let (disagg, transfer_s_per_token) = match &spec.disagg {
+            Some(d) => {
+                if d.prefill == 0 || d.prefill >= spec.replicas {
+                    return Err(bad(format!(
+                        "{} prefill replicas of {} leave no prefill or no decode side",
+                        d.prefill, spec.replicas
+                    )));
+                }
+                if !(d.bandwidth_bytes_per_s.is_finite() && d.bandwidth_bytes_per_s > 0.0) {
+                    return Err(bad("the KV transfer bandwidth must be > 0".into()));
+                }
+                let config = DisaggConfig {
+                    mode: d.mode,
+                    kv_bytes_per_token: d.kv_bytes_per_token,
+                    bandwidth_bytes_per_s: d.bandwidth_bytes_per_s,
+                };
+                let s = config.prior_s_per_token();
+                (Some(Disagg::new(config)), s)
+            }
+            None => (None, 0.0),
         };
         Ok(Fleet {
             base: Instant::now(),
@@ -226,6 +273,10 @@ impl Fleet {
             unserved: 0,
             model_violations: 0,
             unknown_model: 0,
+            disagg,
+            transfer_s_per_token,
+            hops: FxHashMap::default(),
+            transfers: Vec::new(),
         })
     }
 
@@ -339,11 +390,17 @@ impl Fleet {
                 let pool = &mut self.pools[self.pool_of[replica]];
                 pool.index.apply_events(self.ids[replica], &events, now);
             }
+            Some(Delivery::PrefillDone { request, cached_tokens }) => {
+                self.prefill_done(request, cached_tokens, at);
+            }
+            Some(Delivery::Transfer { request }) => self.transfer_done(request, at),
             Some(Delivery::Token { request, is_first, finished, cached_tokens }) => {
                 let rec = &mut self.records[request];
                 if is_first {
                     rec.first_token_at = Some(at);
-                    rec.cached_tokens = cached_tokens;
+                    if !rec.split {
+                        rec.cached_tokens = cached_tokens;
+                    }
                     if let Some(&(p, b)) = self.bookings.get(&request) {
                         self.pools[p].router.first_token(b, now);
                     }
@@ -407,6 +464,11 @@ impl Fleet {
             output_tokens: r.output_tokens,
             ..Record::default()
         };
+        if self.disagg.is_some() {
+            let keys = r.block_keys(&tokens, self.engines[0].config().block_size as usize);
+            self.arrive_disagg(i, tokens, r.output_tokens, &keys, rec);
+            return;
+        }
         // The model filter, the same for every policy: only the pool that
         // serves the request's model routes it.
         let Some(p) = self.pool_for(workload, i) else {
@@ -503,7 +565,12 @@ impl Fleet {
             self.schedule(end + self.event_delay, Delivery::Events { replica: i, events });
         }
         for t in out.tokens {
-            if t.is_first || t.finished.is_some() {
+            if t.request_id & PREFILL_HOP != 0 {
+                // A prefill hop's one token: it is done, its KV waits.
+                let request = (t.request_id & !PREFILL_HOP) as usize;
+                let cached_tokens = t.cached_tokens;
+                self.schedule(end, Delivery::PrefillDone { request, cached_tokens });
+            } else if t.is_first || t.finished.is_some() {
                 self.schedule(
                     end,
                     Delivery::Token {

@@ -39,17 +39,17 @@ mod scoreboard;
 mod synthetic;
 mod workload;
 
-pub use capacity::{FleetSpec, KvMemoryModel};
+pub use capacity::{DisaggSpec, FleetSpec, KvMemoryModel};
 pub use error::{LineError, ReplayError};
 pub use fleet::{Fleet, LoadSample, Record};
-pub use metrics::{max_over_mean, Distribution, RunSummary};
+pub use metrics::{max_over_mean, DisaggSummary, Distribution, RunSummary};
 pub use oracle::{oracle_hit_rates, oracle_hit_rates_of, FloorModel, OracleHitRates, PooledLru};
 pub use plots::{line_chart, write_plots, Line};
 pub use pools::{combined_oracle, pool_bounds, wants_pools, PoolBound, PoolRun, PoolRunStat};
 pub use report::{render_table, Report, WorkloadInfo};
 pub use run::{
-    find_load_levels, run_matrix, run_matrix_pools, run_policy, run_policy_fleet, Level,
-    LevelSearch, Progress, RunOptions,
+    find_load_levels, run_disagg_matrix, run_matrix, run_matrix_pools, run_policy,
+    run_policy_fleet, DisaggSetup, Level, LevelSearch, Progress, RunOptions,
 };
 pub use scoreboard::{render_scoreboard, scoreboard, LevelScore, PolicyScore};
 pub use synthetic::{adapter_name, model_name, SyntheticKind, SyntheticSpec};

@@ -95,6 +95,10 @@ pub struct RunSummary {
     /// Wall-clock seconds the run took.
     pub wall_s: f64,
     /// TTFT of every served request, seconds (for charts).
+    /// A prefill/decode fleet's plans and transfers; absent on an
+    /// aggregated fleet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disagg: Option<DisaggSummary>,
     #[serde(skip)]
     pub ttft_s: Vec<f64>,
     /// Per-replica load over time (for charts).
@@ -110,6 +114,36 @@ pub fn max_over_mean(xs: &[f64]) -> f64 {
         max / mean
     } else {
         1.0
+    }
+}
+
+/// What a prefill/decode run's planner did (`RunSummary::disagg`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct DisaggSummary {
+    /// Requests split into a prefill hop and a decode hop.
+    pub split: u64,
+    /// Requests served whole on a decode replica.
+    pub bypassed: u64,
+    /// bypassed ÷ (split + bypassed).
+    pub bypass_rate: f64,
+    /// KV transfers, milliseconds each.
+    pub transfer_ms: Distribution,
+    /// Mean tokens per transfer (what the decode replica lacked).
+    pub transfer_tokens_mean: f64,
+}
+
+impl DisaggSummary {
+    fn of(fleet: &Fleet) -> Option<DisaggSummary> {
+        let counts = fleet.disagg_counts()?;
+        let mut ms: Vec<f64> = fleet.transfers.iter().map(|t| t.1 * 1000.0).collect();
+        let n = fleet.transfers.len().max(1) as f64;
+        Some(DisaggSummary {
+            split: counts.split,
+            bypassed: counts.bypassed,
+            bypass_rate: counts.bypass_rate(),
+            transfer_ms: Distribution::of(&mut ms),
+            transfer_tokens_mean: fleet.transfers.iter().map(|t| t.0 as f64).sum::<f64>() / n,
+        })
     }
 }
 
@@ -193,6 +227,7 @@ impl RunSummary {
             preemptions: stats.iter().map(|s| s.preemptions).sum(),
             makespan_s: span,
             wall_s,
+            disagg: DisaggSummary::of(fleet),
             ttft_s,
             load: fleet.samples.clone(),
         }

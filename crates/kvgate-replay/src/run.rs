@@ -135,6 +135,52 @@ pub fn run_matrix_pools(
         .collect()
 }
 
+/// How one prefill/decode comparison run is set up: `None` serves every
+/// request whole on all replicas (the aggregated fleet at the same GPU
+/// count), `Some(mode)` splits the fleet as `disagg` says under `mode`.
+pub type DisaggSetup = Option<kvgate_router::DisaggMode>;
+
+/// Runs `kv_aware` on every `(setup, scale)` pair, `opts.jobs` at a time:
+/// the aggregated fleet and each disaggregation mode on the same replicas
+/// (the first `disagg.prefill` prefill). Runs are named `aggregated` or
+/// after their mode; results come back level by level, setups in order.
+pub fn run_disagg_matrix(
+    workload: &Workload,
+    setups: &[DisaggSetup],
+    disagg: &crate::capacity::DisaggSpec,
+    scales: &[f64],
+    opts: &RunOptions,
+    bounds: OracleHitRates,
+    progress: Progress<'_>,
+) -> Result<Vec<RunSummary>, ReplayError> {
+    let mut out = Vec::new();
+    // One matrix per setup keeps `run_matrix_pools` the only scheduler;
+    // the jobs of a setup share the workers.
+    let mut by_setup = Vec::new();
+    for setup in setups {
+        let mut o = opts.clone();
+        o.fleet.disagg = setup.map(|mode| crate::capacity::DisaggSpec { mode, ..disagg.clone() });
+        let runs = run_matrix(workload, &[PolicyKind::KvAware], scales, &o, bounds, progress)?;
+        let name = setup.map_or("aggregated", |m| m.name());
+        by_setup.push(
+            runs.into_iter()
+                .map(|mut r| {
+                    r.policy = name.to_owned();
+                    r
+                })
+                .collect::<Vec<_>>(),
+        );
+    }
+    for k in 0..scales.len() {
+        for runs in &by_setup {
+            if let Some(r) = runs.get(k) {
+                out.push(r.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// One automatic load level.
 #[derive(Clone, Debug, Serialize)]
 pub struct Level {

@@ -7,6 +7,7 @@
 //! queue    = σ × P                       P: pending prefill tokens ahead
 //! prefill  = σ × U                       σ: calibrated seconds per token
 //! transfer = τ_cpu × cpu blocks + τ_storage × storage blocks
+//!            (+ a decode hop's KV received from its prefill replica)
 //! adapter  = load (adapter not in a GPU slot) + slot wait (every slot busy)
 //! steps    = max(1, (P + U) / max_num_batched_tokens)
 //! interf.  = steps × min(decode_step + decode_per_seq × D, measured step)   if D > 0, else 0
@@ -68,6 +69,9 @@ pub struct CostInputs {
     /// adapter: its load into a GPU slot, and the wait for a free slot
     /// (decide.rs works it out from the adapter table and the ledger).
     pub adapter_s: f64,
+    /// Seconds receiving the prompt's KV from a prefill replica (a
+    /// disaggregated request's decode hop, `disagg.rs`); 0 otherwise.
+    pub received_s: f64,
 }
 
 /// The model's breakdown for one candidate.
@@ -79,7 +83,7 @@ pub struct Prediction {
     pub queue_s: f64,
     /// Seconds of its own prefill.
     pub prefill_s: f64,
-    /// Seconds loading lower-tier blocks.
+    /// Seconds loading lower-tier blocks (or receiving a decode hop's KV).
     pub transfer_s: f64,
     /// Seconds of decode steps interleaved with the prefill.
     pub interference_s: f64,
@@ -103,7 +107,8 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
     let queue_s = sigma * x.queue_tokens as f64;
     let prefill_s = sigma * uncached as f64;
     let transfer_s = x.transfer_s_per_block[0] * f64::from(x.lower_blocks[0])
-        + x.transfer_s_per_block[1] * f64::from(x.lower_blocks[1]);
+        + x.transfer_s_per_block[1] * f64::from(x.lower_blocks[1])
+        + x.received_s;
     let interference_s = if x.decoding > 0 {
         let work = (x.queue_tokens + uncached) as f64;
         let steps = (work / f64::from(x.max_num_batched_tokens.max(1))).max(1.0);

@@ -39,6 +39,10 @@ pub struct RouteRequest<'a> {
     /// The LoRA adapter the request names, if any: replicas that hold it in
     /// a GPU slot skip its load (`adapters.rs`).
     pub adapter: Option<&'a str>,
+    /// Set on the decode hop of a disaggregated request (`disagg.rs`): its
+    /// prompt's KV arrives from a prefill replica at this many seconds per
+    /// token not cached on the candidate, instead of being prefilled there.
+    pub remote_kv_s_per_token: Option<f64>,
 }
 
 /// Why a request was not routed.
@@ -63,6 +67,24 @@ pub struct Routed {
     pub cached_blocks: u32,
     /// The decision's explanation, when the decision log is on.
     pub explanation: Option<Arc<Explanation>>,
+}
+
+/// A decision previewed by [`Router::peek`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Peek {
+    /// The replica `decide` would most likely choose.
+    pub replica: ReplicaId,
+    /// Its cost (what the policy minimises, in seconds for `kv_aware`).
+    pub cost: f64,
+    /// The model's TTFT prediction there, seconds.
+    pub predicted_ttft_s: f64,
+    /// Prefix blocks counted as cached there (events plus tentative).
+    pub cached_blocks: u32,
+    /// Prompt tokens it would compute (or, for a decode hop, still compute
+    /// after the transfer).
+    pub uncached_tokens: u64,
+    /// Its tokens per block.
+    pub block_size: u32,
 }
 
 /// The outcome of a decision.
@@ -118,6 +140,41 @@ impl Router {
         self.decide_inner(req, matches, now)
     }
 
+    /// What [`Router::decide`] would weigh for `req`, without booking
+    /// anything: the cheapest usable, non-busy replica by the policy's cost
+    /// (no random selection among near-equals), or `None` if there is none.
+    /// The disaggregation planner compares such previews across pools.
+    pub fn peek(&mut self, req: &RouteRequest<'_>, index: &Index, now: Instant) -> Option<Peek> {
+        let mut matches = std::mem::take(&mut self.scratch_matches);
+        index.find_matches(req.keys, &mut matches);
+        self.maintain(now, Some(index));
+        let mut cands = std::mem::take(&mut self.scratch_cands);
+        let mut preds = std::mem::take(&mut self.scratch_preds);
+        cands.clear();
+        preds.clear();
+        let adapter = req.adapter.and_then(|a| self.adapters.intern(a));
+        self.gather(req, adapter, &matches, now, &mut cands, &mut preds);
+        let best = cands
+            .iter()
+            .zip(&preds)
+            .filter(|(c, _)| {
+                c.health != Health::Down && !c.busy && !req.exclude.contains(&c.replica)
+            })
+            .min_by(|a, b| a.0.score.total_cmp(&b.0.score))
+            .map(|(c, p)| Peek {
+                replica: c.replica,
+                cost: c.score,
+                predicted_ttft_s: p.ttft_s,
+                cached_blocks: c.overlap_blocks.iter().sum::<u32>() + c.tentative_blocks,
+                uncached_tokens: p.uncached_tokens,
+                block_size: self.block_size(c.replica),
+            });
+        self.scratch_matches = matches;
+        self.scratch_cands = cands;
+        self.scratch_preds = preds;
+        best
+    }
+
     fn decide_inner(
         &mut self,
         req: &RouteRequest<'_>,
@@ -159,19 +216,21 @@ impl Router {
                 let (pred, c) = (preds[i], cands[i]);
                 let cached = c.overlap_blocks.iter().sum::<u32>() + c.tentative_blocks;
                 let load_s = adapter.map_or(0.0, |a| self.adapter_load_s(c.replica, a));
-                let basis = SampleBasis {
+                // A decode hop's first token waits for another replica's
+                // prefill and a transfer: no sample of this one's speed.
+                let basis = req.remote_kv_s_per_token.is_none().then_some(SampleBasis {
                     prefill_tokens: c.pending_prefill_tokens + pred.uncached_tokens,
                     lower_blocks: [c.overlap_blocks[1], c.overlap_blocks[2]],
                     other_s: pred.interference_s + (pred.adapter_s - load_s).max(0.0),
                     adapter_load: load_s > 0.0,
-                };
+                });
                 let block_size = self.block_size(c.replica);
                 let blocks = new_blocks(req, cached, block_size, self.output_tokens(req));
                 let id = self.books.book_local(
                     c.replica,
                     pred.uncached_tokens,
                     blocks,
-                    Some(basis),
+                    basis,
                     adapter,
                     now,
                 );
@@ -204,13 +263,17 @@ impl Router {
                 self.decisions += 1;
                 self.last_chosen[slot] = self.decisions;
                 let floor = preds.iter().map(|p| p.uncached_tokens).min().unwrap_or(0);
-                self.attraction.record(
-                    slot,
-                    self.order.iter().map(|id| id.index()),
-                    pred.uncached_tokens,
-                    req.prompt_tokens,
-                    floor,
-                );
+                // A decode hop's prompt was computed elsewhere: it is
+                // neither work given to this replica nor reuse found here.
+                if req.remote_kv_s_per_token.is_none() {
+                    self.attraction.record(
+                        slot,
+                        self.order.iter().map(|id| id.index()),
+                        pred.uncached_tokens,
+                        req.prompt_tokens,
+                        floor,
+                    );
+                }
                 if req.queued_since.is_some() {
                     RouterMetrics::inc(&self.metrics.routed_after_wait);
                 }
@@ -297,7 +360,7 @@ impl Router {
             let reported_used = report.map_or(0, |rep| (rep.kv_usage.max(0.0) * cap as f64) as u64);
             let cached_blocks = m.total + tentative;
             let new_blocks = new_blocks(req, cached_blocks, r.info.block_size, out_tokens);
-            let x = CostInputs {
+            let mut x = CostInputs {
                 prompt_tokens: req.prompt_tokens,
                 block_size: r.info.block_size,
                 cached_blocks,
@@ -317,7 +380,11 @@ impl Router {
                 },
                 decode_step_s: view.cal.decode_step_s,
                 adapter_s: adapter.map_or(0.0, |a| self.adapter_wait_s(id, a, &view, out_tokens)),
+                received_s: 0.0,
             };
+            if let Some(s_per_token) = req.remote_kv_s_per_token {
+                remote_kv_inputs(&mut x, s_per_token);
+            }
             let pred = predict(&cfg.cost, &x);
             let busy_tokens = cfg.busy_pending_tokens > 0 && queue_tokens > cfg.busy_pending_tokens;
             let busy_kv = cfg.busy_kv_usage < 1.0
@@ -453,6 +520,21 @@ impl Router {
         self.log.push(e.clone());
         Some(e)
     }
+}
+
+/// A decode hop's inputs (`RouteRequest::remote_kv_s_per_token`): the
+/// prompt tokens the candidate lacks arrive by transfer (vLLM's connector
+/// pulls only those), so it prefills just the partial last block; it joins
+/// the next step rather than the prefill queue, so at most one step's
+/// budget of queued prefill is ahead of it.
+fn remote_kv_inputs(x: &mut CostInputs, s_per_token: f64) {
+    let bs = u64::from(x.block_size.max(1));
+    let missing = x.prompt_tokens.saturating_sub(u64::from(x.cached_blocks) * bs);
+    x.received_s = s_per_token.max(0.0) * missing as f64;
+    x.cached_blocks = (x.prompt_tokens / bs) as u32;
+    x.lower_blocks = [0, 0];
+    x.transfer_s_per_block = [0.0; 2];
+    x.queue_tokens = x.queue_tokens.min(u64::from(x.max_num_batched_tokens));
 }
 
 /// KV blocks a request adds on a replica that holds `cached_blocks` of its

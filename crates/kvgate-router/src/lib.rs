@@ -14,6 +14,8 @@
 //! - `tentative.rs`: routed-but-unconfirmed blocks.
 //! - `select.rs`: anti-herding choice among near-equal candidates.
 //! - `decide.rs`: the decision path every policy shares ([`Router::decide`]).
+//! - `disagg.rs`: prefill/decode disaggregation: split or bypass, and
+//!   where each hop goes ([`Disagg::plan`]).
 //! - `policies.rs`: `kv_aware` and the baselines.
 //! - `approx_tree.rs`: the prefix tree behind the `approx_prefix` baseline.
 //! - `explain.rs`: per-decision explanations and the decision log.
@@ -33,6 +35,7 @@ mod calibrate;
 mod config;
 mod cost;
 mod decide;
+mod disagg;
 mod error;
 mod explain;
 mod ledger;
@@ -48,7 +51,8 @@ pub use config::{
     RouterConfig, Selection,
 };
 pub use cost::{predict, work_charge, CostInputs, Prediction};
-pub use decide::{Decision, RejectReason, RouteRequest, Routed};
+pub use decide::{Decision, Peek, RejectReason, RouteRequest, Routed};
+pub use disagg::{Disagg, DisaggConfig, DisaggMode, PdCounts, PdPlan, PdRefusal};
 pub use error::RouterError;
 pub use explain::{Candidate, Explanation, Reason};
 pub use ledger::{

@@ -48,6 +48,7 @@ fn inputs() -> impl Strategy<Value = CostInputs> {
                 // Half the cases with a measured decode step.
                 decode_step_s: (q % 2 == 0).then_some(o + 1e-3),
                 adapter_s: 0.0,
+                received_s: 0.0,
             }
         })
 }

@@ -171,6 +171,14 @@ struct Request {
     cached_tokens: Option<u32>,
     /// The CPU-tier part of `cached_tokens`.
     external_cached_tokens: u32,
+    /// The decode hop of a disaggregated request: its prompt's KV arrives
+    /// from a prefill replica, so its first admission computes only the
+    /// last token (`set_remote_kv`).
+    remote_kv: bool,
+    /// The prefill hop of a disaggregated request: its blocks stay
+    /// referenced after it finishes, until the decode side has fetched them
+    /// (`set_hold_blocks`, `release_held`).
+    hold_blocks: bool,
 }
 
 /// A simulated vLLM engine. Sans-IO: no clocks, no sockets, no threads.
@@ -190,6 +198,8 @@ pub struct Engine {
     stats: EngineStats,
     /// GPU LoRA slots (`max_loras`), LRU.
     loras: LoraSlots,
+    /// Blocks of finished prefill hops not fetched yet, by request.
+    held: FxHashMap<RequestId, Vec<u32>>,
 }
 
 /// Where a scheduled request stands in this step.
@@ -225,6 +235,7 @@ impl Engine {
             pending_events: Vec::new(),
             stats: EngineStats::default(),
             loras: LoraSlots::new(config.max_loras),
+            held: FxHashMap::default(),
             config,
         })
     }
@@ -281,6 +292,8 @@ impl Engine {
                 arrival: now,
                 cached_tokens: None,
                 external_cached_tokens: 0,
+                remote_kv: false,
+                hold_blocks: false,
             },
         );
         self.waiting.push_back(id);
@@ -301,9 +314,84 @@ impl Engine {
         Ok(())
     }
 
+    /// Marks a request just added as the decode hop of a disaggregated
+    /// request (vLLM's `do_remote_prefill`): at its first admission the
+    /// prompt tokens beyond the local prefix hit are loaded from the
+    /// prefill replica instead of computed, and only the last prompt token
+    /// is recomputed, as vLLM's NIXL connector does. The transfer's time is
+    /// the caller's to wait before adding the request. Only before its
+    /// first step; a preempted request recomputes everything, as in vLLM.
+    pub fn set_remote_kv(&mut self, id: RequestId) -> Result<(), SimError> {
+        match self.requests.get_mut(&id) {
+            Some(r) if r.num_computed == 0 && r.blocks.is_empty() => {
+                r.remote_kv = true;
+                Ok(())
+            }
+            _ => Err(SimError::RoleFixed(id)),
+        }
+    }
+
+    /// Marks a request just added as the prefill hop of a disaggregated
+    /// request (vLLM's `do_remote_decode`): when it finishes, its blocks
+    /// stay referenced (vLLM's `delay_free_blocks`) until
+    /// [`Engine::release_held`] says the decode side fetched them.
+    pub fn set_hold_blocks(&mut self, id: RequestId) -> Result<(), SimError> {
+        match self.requests.get_mut(&id) {
+            Some(r) => {
+                r.hold_blocks = true;
+                Ok(())
+            }
+            None => Err(SimError::RoleFixed(id)),
+        }
+    }
+
+    /// Prompt tokens of `tokens` (under `identity`) this engine would find
+    /// cached at admission now: GPU blocks from the start, then CPU-tier
+    /// blocks continuing them, capped so one token is computed. A
+    /// disaggregation driver sizes a decode hop's transfer by it (vLLM's
+    /// connector pulls only what the decode side lacks).
+    pub fn prefix_hit_tokens(&self, tokens: &[u32], identity: &CacheIdentity) -> usize {
+        let mut hashes = Vec::with_capacity(tokens.len() / self.block_size + 1);
+        self.hasher.extend_keyed_blocks(&mut hashes, tokens, self.block_size, identity);
+        let probe = Request {
+            tokens: tokens.to_vec(),
+            identity: identity.clone(),
+            hashes,
+            blocks: Vec::new(),
+            num_computed: 0,
+            num_cached_blocks: 0,
+            offloaded_chunks: 0,
+            num_output: 0,
+            max_tokens: 1,
+            min_tokens: 0,
+            ignore_eos: true,
+            arrival: Duration::ZERO,
+            cached_tokens: None,
+            external_cached_tokens: 0,
+            remote_kv: false,
+            hold_blocks: false,
+        };
+        let (gpu, cpu) = self.find_prefix_hit(&probe);
+        (gpu.len() + cpu) * self.block_size
+    }
+
+    /// Frees the held blocks of a finished prefill hop (they stay cached);
+    /// false if it holds none.
+    pub fn release_held(&mut self, id: RequestId) -> bool {
+        let Some(blocks) = self.held.remove(&id) else { return false };
+        self.gpu.free_blocks(blocks.iter().rev().copied());
+        true
+    }
+
+    /// Finished prefill hops whose blocks are still held.
+    pub fn held_requests(&self) -> usize {
+        self.held.len()
+    }
+
     /// Drops a request wherever it is; its blocks are freed (and stay cached).
     /// Returns whether it existed.
     pub fn abort(&mut self, id: RequestId) -> bool {
+        self.release_held(id);
         let Some(r) = self.requests.remove(&id) else { return false };
         self.gpu.free_blocks(r.blocks.iter().rev().copied());
         self.running.retain(|&x| x != id);
@@ -433,6 +521,14 @@ impl Engine {
                 }
             }
         }
+        for blocks in self.held.values() {
+            for &b in blocks {
+                match refs.get_mut(b as usize) {
+                    Some(c) => *c += 1,
+                    None => return Err(format!("held block {b} unknown")),
+                }
+            }
+        }
         if self.running.len() + self.waiting.len() != self.requests.len() {
             return Err("running + waiting != requests".into());
         }
@@ -484,7 +580,7 @@ impl Engine {
                 continue;
             }
             let mut fits = true;
-            while !self.allocate(id, num_new, &[], 0, &mut out.events) {
+            while !self.allocate(id, num_new, &[], 0, 0, &mut out.events) {
                 let Some(victim) = self.running.pop() else {
                     fits = false;
                     break;
@@ -539,7 +635,15 @@ impl Engine {
                 }
                 let (gpu_hits, n_cpu) = self.find_prefix_hit(r);
                 let hit_tokens = (gpu_hits.len() + n_cpu) * self.block_size;
-                let num_new = r.tokens.len().saturating_sub(hit_tokens).min(budget);
+                // A decode hop loads the rest of its prompt from the
+                // prefill replica and computes only its last token.
+                let is_remote = r.remote_kv;
+                let remote = if is_remote {
+                    r.tokens.len().saturating_sub(1).saturating_sub(hit_tokens)
+                } else {
+                    0
+                };
+                let num_new = r.tokens.len().saturating_sub(hit_tokens + remote).min(budget);
                 let num_tokens = r.tokens.len() as u64;
                 let loaded = r.hashes.get(gpu_hits.len()..gpu_hits.len() + n_cpu);
                 for h in loaded.unwrap_or_default() {
@@ -550,11 +654,15 @@ impl Engine {
                         chunks.touch(h);
                     }
                 }
-                if !self.allocate(id, num_new, &gpu_hits, n_cpu, &mut out.events) {
+                if !self.allocate(id, num_new, &gpu_hits, n_cpu, remote, &mut out.events) {
                     break;
                 }
-                self.stats.prefix_cache_queries += num_tokens;
-                self.stats.prefix_cache_hits += (gpu_hits.len() * self.block_size) as u64;
+                // A decode hop's prompt was computed (and counted) on its
+                // prefill replica: counting it again here would count
+                // every split prompt twice in the fleet's hit rate.
+                let counted = if is_remote { 0 } else { 1 };
+                self.stats.prefix_cache_queries += num_tokens * counted;
+                self.stats.prefix_cache_hits += (gpu_hits.len() * self.block_size) as u64 * counted;
                 self.stats.external_hit_blocks += n_cpu as u64;
                 self.stats.external_hit_tokens += (n_cpu * self.block_size) as u64;
                 if self.cpu.is_some() || self.chunks.is_some() {
@@ -564,9 +672,12 @@ impl Engine {
                     // First admission only: vLLM keeps the first scheduling's
                     // hit (`num_cached_tokens`, `prefill_stats`).
                     if r.cached_tokens.is_none() {
-                        r.cached_tokens = Some(hit_tokens as u32);
-                        r.external_cached_tokens = (n_cpu * self.block_size) as u32;
+                        // Tokens received from a prefill replica count as
+                        // external hits, as vLLM counts its connector's loads.
+                        r.cached_tokens = Some((hit_tokens + remote) as u32);
+                        r.external_cached_tokens = (n_cpu * self.block_size + remote) as u32;
                     }
+                    r.remote_kv = false;
                 }
                 load_blocks += n_cpu;
                 self.waiting.pop_front();
@@ -657,7 +768,11 @@ impl Engine {
             });
             if finished.is_some() {
                 if let Some(r) = self.requests.remove(&s.id) {
-                    self.gpu.free_blocks(r.blocks.iter().rev().copied());
+                    if r.hold_blocks {
+                        self.held.insert(s.id, r.blocks);
+                    } else {
+                        self.gpu.free_blocks(r.blocks.iter().rev().copied());
+                    }
                 }
                 self.stats.finished += 1;
                 any_finished = true;
@@ -698,20 +813,22 @@ impl Engine {
     }
 
     /// vLLM's `allocate_slots`: room for `num_new` more tokens after the hits
-    /// (GPU hit blocks and `n_cpu` blocks loaded from the CPU tier), then
-    /// registration of every block the step fills. False, with nothing
-    /// changed, when the free queue is too short.
+    /// (GPU hit blocks, `n_cpu` blocks loaded from the CPU tier and `remote`
+    /// tokens received from a prefill replica), then registration of every
+    /// block the step fills. False, with nothing changed, when the free
+    /// queue is too short.
     fn allocate(
         &mut self,
         id: RequestId,
         num_new: usize,
         gpu_hits: &[u32],
         n_cpu: usize,
+        remote: usize,
         events: &mut Vec<Event>,
     ) -> bool {
         let bs = self.block_size;
         let Some(r) = self.requests.get_mut(&id) else { return false };
-        let computed = r.num_computed + (gpu_hits.len() + n_cpu) * bs;
+        let computed = r.num_computed + (gpu_hits.len() + n_cpu) * bs + remote;
         let total = computed + num_new;
         let need = total.div_ceil(bs);
         let have = r.blocks.len() + gpu_hits.len();
@@ -927,6 +1044,8 @@ fn eos_draw(id: RequestId, k: u32, p: f64) -> bool {
     ((z >> 11) as f64 / (1u64 << 53) as f64) < p
 }
 
+#[cfg(test)]
+mod disagg_tests;
 #[cfg(test)]
 mod lora_tests;
 #[cfg(test)]

@@ -19,6 +19,10 @@ pub enum SimError {
     /// `set_identity` for a request that is unknown or already scheduled.
     #[error("request {0} is not waiting unscheduled: its cache identity is fixed")]
     IdentityFixed(u64),
+    /// A disaggregation role for a request that is unknown or already
+    /// scheduled.
+    #[error("request {0} is not waiting unscheduled: its disaggregation role is fixed")]
+    RoleFixed(u64),
     /// Prompt plus output cannot fit in the GPU KV cache.
     #[error("request {id} needs {tokens} tokens, more than max_model_len {max_model_len}")]
     TooLong {

@@ -198,6 +198,24 @@ pub(crate) struct SimArgs {
     /// when `VLLM_ALLOW_RUNTIME_LORA_UPDATING` is `1` or `true`, as vLLM reads it.
     #[arg(long)]
     pub(crate) allow_runtime_lora_updating: bool,
+    /// vLLM's `--kv-transfer-config` JSON for prefill/decode disaggregation, e.g.
+    /// `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`: a request with
+    /// `kv_transfer_params.do_remote_decode` is a prefill hop (blocks held until the
+    /// lease, `kv_connector_extra_config.kv_lease_duration`, default 30 s, ends; its
+    /// response carries the decode side's parameters), one with `do_remote_prefill`
+    /// a decode hop (waits for the KV transfer, then computes only the last prompt
+    /// token). Without it, `kv_transfer_params` is ignored, as vLLM does.
+    #[arg(long, value_name = "JSON")]
+    pub(crate) kv_transfer_config: Option<String>,
+    /// With --kv-transfer-config: the link between replicas in GB/s (10^9 bytes);
+    /// a decode hop waits tokens it lacks × --kv-bytes-per-token ÷ this (Dynamo's
+    /// mocker assumes 64).
+    #[arg(long, value_name = "GB/S", default_value_t = 64.0)]
+    pub(crate) kv_transfer_bandwidth: f64,
+    /// With --kv-transfer-config: KV bytes per token of the simulated model
+    /// (default: Qwen3-0.6B in bf16, 28 layers × 8 KV heads × 128 × K and V × 2 bytes).
+    #[arg(long, value_name = "BYTES", default_value_t = 114_688)]
+    pub(crate) kv_bytes_per_token: u64,
     /// vLLM's `--data-parallel-size`: this many engines behind each
     /// replica's one HTTP port, each with its own cache and event stream on
     /// the `--events` (and `--replay`) port plus its rank.

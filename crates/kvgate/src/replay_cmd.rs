@@ -185,6 +185,79 @@ pub(crate) struct ReplayArgs {
     /// mooncake_synthetic_trace.jsonl for --suite.
     #[arg(long, value_name = "DIR", default_value = "../shared/traces")]
     pub(crate) suite_traces: PathBuf,
+    /// Prefill/decode disaggregation (fast mode): this many prefill replicas. With
+    /// --decode-replicas the fleet is P + D replicas (replacing --replicas); alone, the
+    /// rest of --replicas decode. Runs kv_aware under each --disagg-modes entry on
+    /// that split fleet and on the same replicas aggregated; docs/replay.md.
+    #[arg(long, value_name = "N")]
+    pub(crate) prefill_replicas: Option<usize>,
+    /// Decode replicas of a prefill/decode fleet (needs --prefill-replicas).
+    #[arg(long, value_name = "N", requires = "prefill_replicas")]
+    pub(crate) decode_replicas: Option<usize>,
+    /// Prefill-to-decode KV link bandwidth, GB/s (10^9 bytes; Dynamo's mocker
+    /// assumes 64 for inter-node InfiniBand, ~450 for NVLink).
+    #[arg(long, value_name = "GB/S", default_value_t = 64.0)]
+    pub(crate) kv_bandwidth_gbps: f64,
+    /// KV bytes per token of the served model (default: Qwen3-32B in bf16, 64 layers ×
+    /// 8 KV heads × 128 × K and V × 2 bytes = 262,144).
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) kv_bytes_per_token: Option<u64>,
+    /// What a prefill/decode replay compares, comma-separated: aggregated (every
+    /// replica serves whole requests), always (split every request), conditional
+    /// (kvgate's bypass by cost), isl_bounding (Dynamo's rule: bypass iff the prompt's
+    /// tokens not cached on the chosen decode replica are < 2048 and < 70% of it).
+    #[arg(long, value_name = "LIST", default_value = "aggregated,always,conditional,isl_bounding")]
+    pub(crate) disagg_modes: String,
+}
+
+/// The `--disagg-modes` entries.
+pub(crate) fn parse_disagg_modes(list: &str) -> anyhow::Result<Vec<kvgate_replay::DisaggSetup>> {
+    use kvgate_router::DisaggMode;
+    let modes: Vec<_> = list
+        .split(',')
+        .filter(|m| !m.trim().is_empty())
+        .map(|m| match m.trim() {
+            "aggregated" => Ok(None),
+            "always" => Ok(Some(DisaggMode::Always)),
+            "conditional" => Ok(Some(DisaggMode::Conditional)),
+            "isl_bounding" => Ok(Some(DisaggMode::dynamo_default())),
+            other => bail!(
+                "--disagg-modes: unknown mode {other:?}; expected aggregated, always, \
+                 conditional or isl_bounding"
+            ),
+        })
+        .collect::<anyhow::Result<_>>()?;
+    if modes.is_empty() {
+        bail!("--disagg-modes names no mode");
+    }
+    Ok(modes)
+}
+
+/// The prefill/decode split `args` asks for, if any.
+fn disagg_spec(args: &ReplayArgs) -> anyhow::Result<Option<kvgate_replay::DisaggSpec>> {
+    let Some(prefill) = args.prefill_replicas else { return Ok(None) };
+    let total = args.decode_replicas.map_or(args.replicas, |d| prefill + d);
+    if prefill == 0 || prefill >= total {
+        bail!(
+            "--prefill-replicas {prefill} of {total} replicas leaves no prefill or no decode \
+             replica"
+        );
+    }
+    if !(args.kv_bandwidth_gbps.is_finite() && args.kv_bandwidth_gbps > 0.0) {
+        bail!("--kv-bandwidth-gbps must be a number > 0");
+    }
+    let bytes = args.kv_bytes_per_token.unwrap_or_else(|| {
+        kvgate_replay::KvMemoryModel::qwen3_32b_tp2_h100().kv_bytes_per_token() as u64
+    });
+    if bytes == 0 {
+        bail!("--kv-bytes-per-token must be at least 1");
+    }
+    Ok(Some(kvgate_replay::DisaggSpec {
+        prefill,
+        mode: kvgate_router::DisaggMode::Conditional,
+        kv_bytes_per_token: bytes,
+        bandwidth_bytes_per_s: args.kv_bandwidth_gbps * 1e9,
+    }))
 }
 
 /// The router configuration with `--set` applied (only `router.` keys).
@@ -383,7 +456,17 @@ pub(crate) fn replay_workload(
     if pooled && args.mode == Mode::Live {
         bail!("model pools and LoRA adapters replay in fast mode only");
     }
-    let fleet = fleet_spec(args)?;
+    let mut fleet = fleet_spec(args)?;
+    let disagg = disagg_spec(args)?;
+    if let Some(d) = &disagg {
+        if pooled {
+            bail!("a prefill/decode replay serves one model: no model pools or adapters");
+        }
+        if args.mode == Mode::Live {
+            bail!("prefill/decode fleets replay in fast mode only");
+        }
+        fleet.replicas = args.decode_replicas.map_or(args.replicas, |n| d.prefill + n);
+    }
     let fleet = if pooled {
         fleet.for_workload(workload).map_err(|e| anyhow::anyhow!("{e} (--replicas)"))?
     } else {
@@ -441,8 +524,14 @@ pub(crate) fn replay_workload(
     let pools = pooled.then(|| pool_bounds(workload, &fleet));
     let pb = progress_bar(n * (scales.len() * policies.len() * setups.len()) as u64, "replaying");
     let mut pool_runs = Vec::new();
-    let runs = match args.mode {
-        Mode::Fast => {
+    let runs = match (args.mode, &disagg) {
+        (Mode::Fast, Some(d)) => {
+            let setups = parse_disagg_modes(&args.disagg_modes)?;
+            pb.set_length(n * (scales.len() * setups.len()) as u64);
+            let inc = |k: u64| pb.inc(k);
+            kvgate_replay::run_disagg_matrix(workload, &setups, d, &scales, &opts, bounds, &inc)?
+        }
+        (Mode::Fast, None) => {
             let inc = |k: u64| pb.inc(k);
             let runs = run_matrix_pools(
                 workload,
@@ -457,7 +546,7 @@ pub(crate) fn replay_workload(
             pool_runs = p;
             runs
         }
-        Mode::Live => {
+        (Mode::Live, _) => {
             if args.target.is_some() && policies.len() != 1 {
                 bail!("with --target the running kvgate's policy is used: name it with one --policies entry");
             }

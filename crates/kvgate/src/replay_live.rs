@@ -688,5 +688,6 @@ fn summarise(
         wall_s: sent.wall,
         ttft_s,
         load: sent.samples.clone(),
+        disagg: None,
     }
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use kvgate_events::publisher::PublisherConfig;
 use kvgate_events::Layout;
-use kvgate_sim::server::{runtime_lora_updating_from_env, start, Faults, LoraModule, ServerConfig};
+use kvgate_sim::server::{
+    runtime_lora_updating_from_env, start, Faults, KvTransferConfig, LoraModule, ServerConfig,
+};
 use kvgate_sim::{EngineConfig, TimingModel};
 use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::ChatTokenizer;
@@ -55,8 +57,27 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
         .context("loading the bundled Qwen3 tokenizer")?;
     kvgate_alloc::release_free_memory(true);
     let tokenizer = Arc::new(TokenizeService::new(Tokenize::new(tokenizer, None), 2)?);
+    if !(args.kv_transfer_bandwidth.is_finite() && args.kv_transfer_bandwidth > 0.0) {
+        bail!("--kv-transfer-bandwidth must be a number > 0");
+    }
+    if args.kv_bytes_per_token == 0 {
+        bail!("--kv-bytes-per-token must be at least 1");
+    }
     let mut replicas = Vec::new();
     for i in 0..args.replicas {
+        let kv_transfer = args
+            .kv_transfer_config
+            .as_deref()
+            .map(|json| {
+                KvTransferConfig::from_vllm_json(
+                    json,
+                    &format!("sim-engine-{}-{i}", std::process::id()),
+                    args.kv_bytes_per_token,
+                    args.kv_transfer_bandwidth * 1e9,
+                )
+            })
+            .transpose()
+            .map_err(anyhow::Error::msg)?;
         let engine = EngineConfig {
             block_size: args.block_size,
             num_gpu_blocks: args.num_gpu_blocks,
@@ -106,6 +127,7 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
             api_key: args.api_key.clone(),
             events,
             default_max_tokens: args.default_max_tokens,
+            kv_transfer,
             faults: Faults {
                 fail_rate: args.fail_rate,
                 fail_seed: u64::from(i),

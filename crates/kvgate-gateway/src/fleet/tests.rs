@@ -65,6 +65,7 @@ fn route(f: &mut Fleet, keys: &[kvgate_index::BlockKey], now: Instant) -> Decisi
         queued_since: None,
         exclude: &[],
         adapter: None,
+        remote_kv_s_per_token: None,
     };
     f.route(0, &req, now)
 }

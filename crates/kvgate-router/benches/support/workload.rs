@@ -185,5 +185,6 @@ pub(crate) fn request<'a>(w: &'a Workload, p: usize) -> RouteRequest<'a> {
         queued_since: None,
         exclude: &[],
         adapter: None,
+        remote_kv_s_per_token: None,
     }
 }

@@ -31,6 +31,20 @@ pub(crate) struct NewRequest {
     pub(crate) tokens: mpsc::UnboundedSender<TokenOutput>,
     /// Whether the engine accepted it.
     pub(crate) accepted: oneshot::Sender<Result<(), SimError>>,
+    /// Its part in a disaggregated request.
+    pub(crate) hop: Hop,
+}
+
+/// A request's part in prefill/decode disaggregation (`kv_transfer.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hop {
+    /// A whole request.
+    Whole,
+    /// A prefill hop: its blocks stay held after it finishes.
+    Prefill,
+    /// A decode hop: its prompt's KV was received; only the last token is
+    /// computed.
+    Decode,
 }
 
 /// What the driver is asked to do.
@@ -46,6 +60,10 @@ pub(crate) enum Command {
     LoadLora(String, oneshot::Sender<()>),
     /// An unloaded adapter frees its slot.
     UnloadLora(String, oneshot::Sender<()>),
+    /// Prompt tokens of these tokens (under this identity) cached now.
+    PrefixHit(Vec<u32>, CacheIdentity, oneshot::Sender<usize>),
+    /// A finished prefill hop's lease ended: free its held blocks.
+    ReleaseHeld(RequestId),
 }
 
 /// Where a live request's tokens go.
@@ -150,6 +168,14 @@ fn handle(
                 Ok(()) if !r.identity.is_plain() => engine.set_identity(r.id, r.identity),
                 other => other,
             };
+            let res = match (res, r.hop) {
+                (Ok(()), Hop::Prefill) => engine.set_hold_blocks(r.id),
+                (Ok(()), Hop::Decode) => engine.set_remote_kv(r.id),
+                (other, _) => other,
+            };
+            if res.is_err() {
+                engine.abort(r.id);
+            }
             if res.is_ok() {
                 reqs.live.insert(r.id, Live { tokens: r.tokens });
                 reqs.stats.add(r.id, prompt_len, now);
@@ -174,6 +200,13 @@ fn handle(
             engine.unload_lora(&name);
             report(engine, metrics);
             let _ = reply.send(());
+        }
+        Command::PrefixHit(tokens, identity, reply) => {
+            let _ = reply.send(engine.prefix_hit_tokens(&tokens, &identity));
+        }
+        Command::ReleaseHeld(id) => {
+            engine.release_held(id);
+            report(engine, metrics);
         }
         Command::ResetPrefixCache(reply) => {
             let ok = engine.reset_prefix_cache();

@@ -19,7 +19,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::engine::{FinishReason, RequestId, TokenOutput};
 use crate::hash::CacheIdentity;
-use crate::server::driver::{Command, NewRequest};
+use crate::server::driver::{Command, Hop, NewRequest};
+use crate::server::kv_transfer::{self, KvRole};
 use crate::server::metrics::render_lora_info;
 use crate::server::AppState;
 
@@ -273,6 +274,8 @@ pub(super) struct Sampling {
     /// `model` in the response: the adapter's name, else the first served
     /// name whatever alias the request used (vLLM's `model_name(lora)`).
     pub(super) model_name: String,
+    /// Its part in a disaggregated request (`kv_transfer_params`).
+    pub(super) kv: KvRole,
 }
 
 impl Sampling {
@@ -294,6 +297,19 @@ impl Sampling {
         }
         self
     }
+
+    /// The role the body's `kv_transfer_params` give it, on a replica with
+    /// a KV connector (ignored without one, as vLLM does).
+    pub(super) fn with_kv(
+        mut self,
+        state: &AppState,
+        params: Option<Value>,
+    ) -> Result<Sampling, Response> {
+        if state.config.kv_transfer.is_some() {
+            self.kv = kv_transfer::role(params.as_ref()).map_err(bad)?;
+        }
+        Ok(self)
+    }
 }
 
 pub(super) fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option<u64>) -> Sampling {
@@ -306,6 +322,7 @@ pub(super) fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option
         identity: CacheIdentity::default(),
         dp_rank: None,
         model_name: primary_name(state).to_owned(),
+        kv: KvRole::Plain,
     }
 }
 
@@ -342,6 +359,10 @@ pub(super) async fn chat(State(state): State<Shared>, headers: HeaderMap, body: 
         request.model(),
         request.extra.get("cache_salt"),
     );
+    let s = match s.with_kv(&state, request.kv_transfer_params.clone().map(Value::Object)) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let kind = Kind::Chat;
     generate(state, kind, prompt, s, request.is_stream(), request.include_usage()).await
 }
@@ -407,6 +428,10 @@ pub(super) async fn completions(
         request.model(),
         request.extra.get("cache_salt"),
     );
+    let s = match s.with_kv(&state, request.kv_transfer_params.clone().map(Value::Object)) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     generate(state, Kind::Completion, prompt, s, request.is_stream(), request.include_usage()).await
 }
 
@@ -424,6 +449,10 @@ async fn completions_batch(
     }
     if prompts.is_empty() {
         return bad("`prompt` must not be an empty list");
+    }
+    if state.config.kv_transfer.is_some() && request.kv_transfer_params.is_some() {
+        // vLLM would answer only the first prompt's parameters.
+        return bad("kv_transfer_params: disaggregated requests carry one prompt");
     }
     let s = sampling(&state, &request.extra, request.max_output_tokens()).keyed(
         &state,
@@ -494,6 +523,12 @@ pub(super) async fn generate_tokens(
         value.get("model").and_then(Value::as_str),
         value.get("cache_salt"),
     );
+    // The tokens-in route reads the parameters from `extra_args` only.
+    let extra = params.get("extra_args").and_then(Value::as_object).unwrap_or(&empty);
+    let s = match s.with_kv(&state, extra.get("kv_transfer_params").cloned()) {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let stream = value.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = stream
         && value.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
@@ -585,6 +620,26 @@ async fn generate(
     };
     let stall_after = faults.stall_after_tokens.map_or(u64::MAX, u64::from);
     let prompt_len = prompt.len();
+    let hop = match (&s.kv, &state.config.kv_transfer) {
+        (KvRole::Prefill, Some(_)) => Hop::Prefill,
+        (KvRole::Decode(params), Some(kv)) => {
+            // Receive what this replica lacks of the prompt, then decode.
+            state.kv_received.push(params);
+            let (hit_tx, hit_rx) = oneshot::channel();
+            let probe = Command::PrefixHit(prompt.clone(), s.identity.clone(), hit_tx);
+            if state.ranks[rank].send(probe).is_err() {
+                return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+            }
+            let Ok(have) = hit_rx.await else {
+                return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
+            };
+            let missing = prompt_len.saturating_sub(1).saturating_sub(have) as u64;
+            let wait = kv.transfer_time(missing).div_f64(state.config.speedup);
+            tokio::time::sleep(wait).await;
+            Hop::Decode
+        }
+        _ => Hop::Whole,
+    };
     let (tok_tx, mut tok_rx) = mpsc::unbounded_channel();
     let (acc_tx, acc_rx) = oneshot::channel();
     let req = NewRequest {
@@ -596,6 +651,7 @@ async fn generate(
         identity: s.identity.clone(),
         tokens: tok_tx,
         accepted: acc_tx,
+        hop,
     };
     if state.ranks[rank].send(Command::Add(req)).is_err() {
         return error(StatusCode::SERVICE_UNAVAILABLE, "engine stopped");
@@ -637,7 +693,12 @@ async fn generate(
         guard.done = finish.is_some();
         if guard.done {
             finished_one(&state);
+            if hop == Hop::Prefill {
+                start_lease(&state, rank, id);
+            }
         }
+        let kv_params =
+            if guard.done { kv_answer(&state, hop, &rid, prompt_len, cached) } else { Value::Null };
         let choice = match kind {
             Kind::Chat => json!({
                 "index": 0,
@@ -658,21 +719,24 @@ async fn generate(
                     "request_id": rid,
                     "choices": [{"index": 0, "token_ids": ids, "logprobs": null, "finish_reason": finish_str(finish)}],
                     "prompt_logprobs": null,
-                    "kv_transfer_params": null,
+                    "kv_transfer_params": kv_params,
                     "usage": usage(prompt_len, n, cached),
                 }))
                 .into_response();
             }
         };
-        return Json(json!({
+        let mut body = json!({
             "id": rid,
             "object": object,
             "created": created,
             "model": model,
             "choices": [choice],
             "usage": usage(prompt_len, n, cached),
-        }))
-        .into_response();
+        });
+        if !kv_params.is_null() {
+            body["kv_transfer_params"] = kv_params;
+        }
+        return Json(body).into_response();
     }
 
     let (body_tx, body_rx) = mpsc::channel::<Bytes>(64);
@@ -721,12 +785,21 @@ async fn generate(
                     json!({"index": 0, "token_ids": [token], "logprobs": null, "finish_reason": finish_str(finished)})
                 }
             };
-            if body_tx.send(chunk(json!([choice]), None)).await.is_err() {
+            // A prefill hop's parameters ride on its finish chunk.
+            let mut frame_v = chunk(json!([choice]), None);
+            if finished.is_some() && hop == Hop::Prefill {
+                let kv = kv_answer(&guard.state, hop, &rid, prompt_len, cached);
+                frame_v = with_kv_params(&frame_v, kv);
+            }
+            if body_tx.send(frame_v).await.is_err() {
                 return;
             }
             if finished.is_some() {
                 guard.done = true;
                 finished_one(&guard.state);
+                if hop == Hop::Prefill {
+                    start_lease(&guard.state, guard.rank, guard.id);
+                }
                 break;
             }
         }
@@ -747,6 +820,49 @@ async fn generate(
         Body::from_stream(stream),
     )
         .into_response()
+}
+
+/// A finished prefill hop's `kv_transfer_params` for the decode side
+/// (null for any other request).
+fn kv_answer(state: &AppState, hop: Hop, rid: &str, prompt_len: usize, cached: u32) -> Value {
+    match (&state.config.kv_transfer, hop) {
+        (Some(kv), Hop::Prefill) => {
+            let bs = state.config.engine.block_size;
+            kv_transfer::prefill_answer(kv, rid, state.http_addr, prompt_len, bs, cached)
+        }
+        _ => Value::Null,
+    }
+}
+
+/// An SSE frame `data: {...}` with `kv_transfer_params` added to its object.
+fn with_kv_params(frame: &Bytes, kv: Value) -> Bytes {
+    let text = String::from_utf8_lossy(frame);
+    let json = text.trim().strip_prefix("data: ").unwrap_or("");
+    match serde_json::from_str::<Value>(json) {
+        Ok(mut v) => {
+            v["kv_transfer_params"] = kv;
+            Bytes::from(format!("data: {v}\n\n"))
+        }
+        Err(_) => frame.clone(),
+    }
+}
+
+/// Frees a finished prefill hop's held blocks when its lease ends (model
+/// time), as vLLM's prefill side does when the decode side never reads.
+fn start_lease(state: &Shared, rank: usize, id: RequestId) {
+    let Some(kv) = &state.config.kv_transfer else { return };
+    let wait = kv.lease.div_f64(state.config.speedup);
+    let tx = state.ranks[rank].clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(wait).await;
+        let _ = tx.send(Command::ReleaseHeld(id));
+    });
+}
+
+/// `GET /debug/kv_transfers`: the last decode hops' `kv_transfer_params`,
+/// as received (the simulator's own route).
+pub(super) async fn kv_transfers(State(state): State<Shared>) -> Json<Value> {
+    Json(json!({"received": state.kv_received.all()}))
 }
 
 /// Counts a finished request; signals exit at `exit_after_requests`.

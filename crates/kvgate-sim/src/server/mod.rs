@@ -7,6 +7,7 @@
 
 mod driver;
 mod http;
+mod kv_transfer;
 mod lora;
 pub mod metrics;
 mod render;
@@ -27,6 +28,7 @@ use crate::engine::Engine;
 use crate::error::SimError;
 use crate::EngineConfig;
 
+pub use kv_transfer::KvTransferConfig;
 pub use lora::{runtime_lora_updating_from_env, LoraModule};
 pub use metrics::Metrics;
 
@@ -67,6 +69,10 @@ pub struct ServerConfig {
     /// event (and replay) port plus its rank. `X-data-parallel-rank` pins a
     /// request to a rank; without it requests rotate over the ranks.
     pub data_parallel_size: u32,
+    /// vLLM's `--kv-transfer-config` (NixlConnector): requests may be the
+    /// prefill or the decode hop of a disaggregated request
+    /// (`kv_transfer.rs`). `None`: `kv_transfer_params` is ignored.
+    pub kv_transfer: Option<KvTransferConfig>,
 }
 
 /// Faults a replica injects on purpose.
@@ -100,6 +106,7 @@ impl Default for ServerConfig {
             default_max_tokens: 16,
             faults: Faults::default(),
             data_parallel_size: 1,
+            kv_transfer: None,
         }
     }
 }
@@ -181,6 +188,10 @@ pub(crate) struct AppState {
     pub(crate) next_id: AtomicU64,
     pub(crate) finished: AtomicU64,
     pub(crate) exit: watch::Sender<bool>,
+    /// The HTTP address: what a prefill hop advertises as its remote side.
+    pub(crate) http_addr: SocketAddr,
+    /// Decode hops' parameters as received (`/debug/kv_transfers`).
+    pub(crate) kv_received: kv_transfer::Received,
 }
 
 impl AppState {
@@ -348,6 +359,8 @@ pub async fn start(
         next_id: AtomicU64::new(1),
         finished: AtomicU64::new(0),
         exit: exit_tx,
+        http_addr,
+        kv_received: kv_transfer::Received::default(),
     });
     let app = routes::router(state);
     let (shutdown, mut shutdown_rx) = watch::channel(false);

@@ -32,6 +32,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/metrics", get(http::metrics))
         .route("/reset_prefix_cache", post(http::reset_prefix_cache))
         .route("/debug/kv_blocks", get(http::kv_blocks))
+        .route("/debug/kv_transfers", get(http::kv_transfers))
         .route("/v1/chat/completions", post(http::chat))
         .route("/v1/completions", post(http::completions))
         .route("/inference/v1/generate", post(http::generate_tokens))

@@ -1,0 +1,198 @@
+//! The prefill/decode fleet's part of the event loop (`FleetSpec::disagg`):
+//! pool 0 prefills, pool 1 decodes, and `kvgate_router::Disagg` plans each
+//! request. A split request runs as vLLM's NIXL connector runs it:
+//!
+//! 1. the prefill hop (`max_tokens` 1) on its prefill engine, whose blocks
+//!    stay held when it finishes (`Engine::set_hold_blocks`);
+//! 2. the transfer: the prompt tokens the decode engine lacks at that
+//!    moment × KV bytes per token ÷ bandwidth (the connector pulls only
+//!    what the decode side does not cache); at its end the prefill engine
+//!    frees the blocks (they stay cached) and the planner observes it;
+//! 3. the decode hop on its decode engine, which loads the transferred KV
+//!    and computes only the last prompt token (`Engine::set_remote_kv`);
+//!    its first token is the request's.
+//!
+//! A bypassed request runs whole on its decode engine, as in an aggregated
+//! fleet. The decode engine's blocks are announced when the hop is
+//! admitted, as vLLM announces them when the pull completes.
+
+use std::time::{Duration, Instant};
+
+use kvgate_index::BlockKey;
+use kvgate_router::{Booking, Outcome, PdCounts, PdPlan, RouteRequest};
+use kvgate_sim::CacheIdentity;
+
+use super::{Delivery, Fleet, Record};
+
+/// Prefill hops run on their engine under the request's index with this
+/// bit set, so their token is told apart from a whole request's.
+pub(super) const PREFILL_HOP: u64 = 1 << 62;
+
+/// A split request between its plan and its decode hop's admission.
+#[derive(Debug)]
+pub(super) struct SplitHop {
+    prefill_replica: usize,
+    prefill_booking: Booking,
+    decode_replica: usize,
+    tokens: Vec<u32>,
+    output_tokens: u32,
+    /// Set when the prefill hop is done: tokens transferred, and when.
+    transfer: Option<(u64, Duration)>,
+}
+
+impl Fleet {
+    /// Plans, books and starts request `i` on a P/D fleet.
+    pub(super) fn arrive_disagg(
+        &mut self,
+        i: usize,
+        tokens: Vec<u32>,
+        output_tokens: u32,
+        keys: &[BlockKey],
+        mut rec: Record,
+    ) {
+        let at = rec.arrival;
+        let now = self.base + at;
+        let req = RouteRequest {
+            prompt_tokens: tokens.len() as u64,
+            keys,
+            max_output_tokens: Some(output_tokens),
+            approx_symbols: Some(&tokens),
+            ..RouteRequest::default()
+        };
+        let Some(planner) = self.disagg.as_mut() else { return };
+        let (p, d) = self.pools.split_at_mut(1);
+        let (p, d) = (&mut p[0], &mut d[0]);
+        d.index.find_matches(keys, &mut self.scratch_matches);
+        rec.best_indexed_blocks = self.scratch_matches.iter().map(|m| m.total).max().unwrap_or(0);
+        let t0 = Instant::now();
+        let plan = planner.plan((&mut p.router, &p.index), (&mut d.router, &d.index), &req, now);
+        rec.decide_ns = t0.elapsed().as_nanos() as u64;
+        let global = |pool: &super::Pool, id| pool.replicas.iter().copied().find(|&g| self.ids[g] == id);
+        match plan {
+            Ok(PdPlan::Aggregated(routed)) => {
+                let Some(g) = global(d, routed.replica) else {
+                    return self.unserved_record(rec);
+                };
+                rec.routed_cached_blocks = routed.cached_blocks;
+                if self.start(g, i as u64, tokens, output_tokens, at, false) {
+                    rec.replica = Some(g);
+                    self.bookings.insert(i, (1, routed.booking));
+                } else {
+                    self.pools[1].router.finish(routed.booking, Outcome::Error);
+                    self.unserved += 1;
+                }
+                self.records.push(rec);
+            }
+            Ok(PdPlan::Split { prefill, decode }) => {
+                let (Some(pg), Some(dg)) =
+                    (global(p, prefill.replica), global(d, decode.replica))
+                else {
+                    return self.unserved_record(rec);
+                };
+                rec.routed_cached_blocks = prefill.cached_blocks;
+                rec.split = true;
+                let hop_tokens = tokens.clone();
+                if self.start(pg, i as u64 | PREFILL_HOP, hop_tokens, 1, at, true) {
+                    rec.replica = Some(dg);
+                    self.bookings.insert(i, (1, decode.booking));
+                    self.hops.insert(
+                        i,
+                        SplitHop {
+                            prefill_replica: pg,
+                            prefill_booking: prefill.booking,
+                            decode_replica: dg,
+                            tokens,
+                            output_tokens,
+                            transfer: None,
+                        },
+                    );
+                } else {
+                    self.pools[0].router.finish(prefill.booking, Outcome::Error);
+                    self.pools[1].router.finish(decode.booking, Outcome::Error);
+                    self.unserved += 1;
+                }
+                self.records.push(rec);
+            }
+            Err(_) => self.unserved_record(rec),
+        }
+    }
+
+    fn unserved_record(&mut self, rec: Record) {
+        self.unserved += 1;
+        self.records.push(rec);
+    }
+
+    /// Adds a request (or hop) to engine `g`; false if the engine refused it.
+    fn start(
+        &mut self,
+        g: usize,
+        id: u64,
+        tokens: Vec<u32>,
+        max_tokens: u32,
+        at: Duration,
+        hold: bool,
+    ) -> bool {
+        if !self.engines[g].has_work() {
+            self.clocks[g] = self.clocks[g].max(at);
+        }
+        let len = tokens.len();
+        let engine = &mut self.engines[g];
+        let mut added = engine.add_request(id, tokens, max_tokens, max_tokens, true, at);
+        if added.is_ok() && hold {
+            added = engine.set_hold_blocks(id);
+        }
+        if added.is_err() {
+            engine.abort(id);
+            return false;
+        }
+        self.trackers[g].add(id, len, at);
+        true
+    }
+
+    /// The prefill hop's token: its booking ends, and the transfer of what
+    /// the decode engine lacks starts.
+    pub(super) fn prefill_done(&mut self, request: usize, cached_tokens: u32, at: Duration) {
+        let Some(hop) = self.hops.get_mut(&request) else { return };
+        let now = self.base + at;
+        let router = &mut self.pools[0].router;
+        router.first_token(hop.prefill_booking, now);
+        router.finish(hop.prefill_booking, Outcome::Finished);
+        self.records[request].cached_tokens = cached_tokens;
+        let have = self.engines[hop.decode_replica]
+            .prefix_hit_tokens(&hop.tokens, &CacheIdentity::default());
+        let missing = hop.tokens.len().saturating_sub(1).saturating_sub(have) as u64;
+        let delay = Duration::from_secs_f64(missing as f64 * self.transfer_s_per_token);
+        hop.transfer = Some((missing, at));
+        self.schedule(at + delay, Delivery::Transfer { request });
+    }
+
+    /// The transfer's end: the prefill engine lets the blocks go, and the
+    /// decode hop joins its engine.
+    pub(super) fn transfer_done(&mut self, request: usize, at: Duration) {
+        let Some(hop) = self.hops.remove(&request) else { return };
+        self.engines[hop.prefill_replica].release_held(request as u64 | PREFILL_HOP);
+        if let Some((tokens, since)) = hop.transfer {
+            let secs = at.saturating_sub(since).as_secs_f64();
+            self.transfers.push((tokens, secs));
+            if let Some(planner) = &mut self.disagg {
+                planner.observe_transfer(tokens, secs);
+            }
+        }
+        let (g, id) = (hop.decode_replica, request as u64);
+        let started = self.start(g, id, hop.tokens, hop.output_tokens, at, false)
+            && self.engines[g].set_remote_kv(id).is_ok();
+        if !started {
+            self.engines[g].abort(id);
+            if let Some((p, b)) = self.bookings.remove(&request) {
+                self.pools[p].router.finish(b, Outcome::Error);
+            }
+            self.records[request].replica = None;
+            self.unserved += 1;
+        }
+    }
+
+    /// The planner's counts (`None` on an aggregated fleet).
+    pub fn disagg_counts(&self) -> Option<PdCounts> {
+        self.disagg.as_ref().map(|d| d.counts())
+    }
+}

@@ -1,0 +1,257 @@
+//! Prefill/decode disaggregation: where a request's prefill runs, where it
+//! decodes, and whether to split it at all (docs/routing.md, "Prefill/decode
+//! disaggregation").
+//!
+//! A P/D fleet has two routers over two indexes: one over the prefill
+//! replicas, one over the decode replicas (a `both` replica may sit in
+//! either). For each request the planner previews ([`Router::peek`]):
+//!
+//! ```text
+//! bypass = the decode router's cost of serving it whole on its best decode replica
+//! split  = the prefill router's cost of its prefill (max_tokens 1)
+//!        + the decode router's cost of its decode hop, whose uncached prompt
+//!          arrives at τ seconds per token (KV bytes per token ÷ bandwidth,
+//!          calibrated from observed transfers)
+//! ```
+//!
+//! and books the cheaper plan in both ledgers through [`Router::decide`].
+//! Both costs are the kv_aware objective: the bypass pays the prefill on a
+//! decode replica plus the delay it imposes on the sequences decoding
+//! there (the decode-delay charge), the split pays the prefill replica's
+//! queue and the transfer. A decode replica that already caches most of the
+//! prompt receives little and computes little, so the bypass wins there; a
+//! long uncached prompt on a busy decode replica splits.
+//!
+//! Sans-IO, like the routers: `now` comes in, plans go out.
+
+use std::time::Instant;
+
+use kvgate_index::Index;
+
+use crate::calibrate::RobustRate;
+use crate::config::CalibrationConfig;
+use crate::decide::{Decision, Peek, RouteRequest, Routed};
+use crate::router::Router;
+
+/// How the planner decides whether to split a request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DisaggMode {
+    /// Split every request (a prefill replica exists), as vllm-router does.
+    Always,
+    /// kvgate's rule: the cheaper of bypass and split in the cost model.
+    Conditional,
+    /// Dynamo's published `isl_bounding` rule, as a baseline: bypass iff
+    /// the prompt's tokens not cached on the chosen decode replica are
+    /// fewer than `eff_isl_threshold` and below `ratio` of the prompt.
+    IslBounding {
+        /// Dynamo's default is 2048 tokens.
+        eff_isl_threshold: u64,
+        /// Dynamo's default is 0.7.
+        ratio: f64,
+    },
+}
+
+impl DisaggMode {
+    /// Dynamo's `isl_bounding` with its defaults.
+    pub fn dynamo_default() -> DisaggMode {
+        DisaggMode::IslBounding { eff_isl_threshold: 2048, ratio: 0.7 }
+    }
+
+    /// The name reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            DisaggMode::Always => "pd_always",
+            DisaggMode::Conditional => "pd_conditional",
+            DisaggMode::IslBounding { .. } => "pd_isl_bounding",
+        }
+    }
+}
+
+/// The planner's settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DisaggConfig {
+    /// How to decide whether to split.
+    pub mode: DisaggMode,
+    /// The model's KV bytes per token (all layers; `layers × kv_heads ×
+    /// head_dim × 2 × dtype bytes` for plain attention).
+    pub kv_bytes_per_token: u64,
+    /// Prefill-to-decode link bandwidth, bytes per second: the transfer
+    /// rate's prior until transfers have been observed.
+    pub bandwidth_bytes_per_s: f64,
+}
+
+impl DisaggConfig {
+    /// Seconds per transferred token implied by the settings.
+    pub fn prior_s_per_token(&self) -> f64 {
+        if self.bandwidth_bytes_per_s > 0.0 {
+            self.kv_bytes_per_token as f64 / self.bandwidth_bytes_per_s
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Where a request goes.
+#[derive(Debug)]
+pub enum PdPlan {
+    /// Served whole on one decode replica: the bypass.
+    Aggregated(Routed),
+    /// Prefill on one replica, then decode on another, whose booking
+    /// expects the prompt's KV by transfer.
+    Split {
+        /// The prefill hop (`max_tokens` 1, `do_remote_decode`).
+        prefill: Routed,
+        /// The decode hop (`do_remote_prefill`, the prefill's
+        /// `kv_transfer_params`).
+        decode: Routed,
+    },
+}
+
+/// Why a plan could not be made.
+#[derive(Debug)]
+pub enum PdRefusal {
+    /// No decode replica could take it; the decode router's own answer.
+    Decode(Decision),
+}
+
+/// Counts of plans made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PdCounts {
+    /// Requests split.
+    pub split: u64,
+    /// Requests served whole on a decode replica.
+    pub bypassed: u64,
+    /// Requests split with no prefill replica left to take them and so
+    /// served whole (counted in `bypassed` too).
+    pub no_prefill: u64,
+}
+
+impl PdCounts {
+    /// Bypassed ÷ planned.
+    pub fn bypass_rate(&self) -> f64 {
+        let n = self.split + self.bypassed;
+        if n == 0 {
+            0.0
+        } else {
+            self.bypassed as f64 / n as f64
+        }
+    }
+}
+
+/// The planner: settings, the calibrated transfer rate and counts.
+#[derive(Debug)]
+pub struct Disagg {
+    config: DisaggConfig,
+    calibration: CalibrationConfig,
+    transfer: RobustRate,
+    counts: PdCounts,
+}
+
+impl Disagg {
+    /// A planner with `config`'s prior transfer rate.
+    pub fn new(config: DisaggConfig) -> Disagg {
+        let prior = config.prior_s_per_token().max(1e-12);
+        Disagg {
+            transfer: RobustRate::new(prior),
+            calibration: CalibrationConfig::default(),
+            config,
+            counts: PdCounts::default(),
+        }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &DisaggConfig {
+        &self.config
+    }
+
+    /// Plans so far.
+    pub fn counts(&self) -> PdCounts {
+        self.counts
+    }
+
+    /// Seconds per transferred token, as calibrated.
+    pub fn transfer_s_per_token(&self) -> f64 {
+        self.transfer.estimate()
+    }
+
+    /// One observed transfer: `tokens` moved in `seconds` (from the prefill
+    /// hop's end to the decode hop's admission). Robust: one slow transfer
+    /// does not swing the rate.
+    pub fn observe_transfer(&mut self, tokens: u64, seconds: f64) {
+        if tokens > 0 && seconds.is_finite() && seconds >= 0.0 {
+            self.transfer.observe(seconds / tokens as f64, &self.calibration);
+        }
+    }
+
+    /// The decode hop's request: `req` whose prompt KV arrives by transfer.
+    pub fn decode_hop<'a>(&self, req: &RouteRequest<'a>) -> RouteRequest<'a> {
+        RouteRequest { remote_kv_s_per_token: Some(self.transfer_s_per_token()), ..*req }
+    }
+
+    /// Decides whether and where to split `req`, and books the plan: the
+    /// prefill hop on `prefill`, the decode hop (or the whole request) on
+    /// `decode`. Each router's index must be the one its replicas feed.
+    pub fn plan(
+        &mut self,
+        prefill: (&mut Router, &Index),
+        decode: (&mut Router, &Index),
+        req: &RouteRequest<'_>,
+        now: Instant,
+    ) -> Result<PdPlan, PdRefusal> {
+        let (p_router, p_index) = prefill;
+        let (d_router, d_index) = decode;
+        let p_req = RouteRequest { max_output_tokens: Some(1), ..*req };
+        let d_req = self.decode_hop(req);
+        let split = match self.config.mode {
+            DisaggMode::Always => true,
+            DisaggMode::IslBounding { eff_isl_threshold, ratio } => {
+                match d_router.peek(req, d_index, now) {
+                    Some(whole) => !isl_bypass(req, &whole, eff_isl_threshold, ratio),
+                    None => true,
+                }
+            }
+            DisaggMode::Conditional => {
+                let whole = d_router.peek(req, d_index, now);
+                let hop = d_router.peek(&d_req, d_index, now);
+                let pre = p_router.peek(&p_req, p_index, now);
+                match (whole, hop, pre) {
+                    (Some(w), Some(h), Some(p)) => p.cost + h.cost < w.cost,
+                    (None, _, Some(_)) => true,
+                    _ => false,
+                }
+            }
+        };
+        if split {
+            if let Decision::Routed(p) = p_router.decide(&p_req, p_index, now) {
+                match d_router.decide(&d_req, d_index, now) {
+                    Decision::Routed(d) => {
+                        self.counts.split += 1;
+                        return Ok(PdPlan::Split { prefill: p, decode: d });
+                    }
+                    other => {
+                        // No decode replica: the prefill would be wasted.
+                        p_router.finish(p.booking, crate::Outcome::Cancelled);
+                        return Err(PdRefusal::Decode(other));
+                    }
+                }
+            }
+            self.counts.no_prefill += 1;
+        }
+        match d_router.decide(req, d_index, now) {
+            Decision::Routed(d) => {
+                self.counts.bypassed += 1;
+                Ok(PdPlan::Aggregated(d))
+            }
+            other => Err(PdRefusal::Decode(other)),
+        }
+    }
+}
+
+/// Dynamo's `isl_bounding`: the effective input length on the decode
+/// replica the router would choose (prompt minus its cached prefix) is
+/// short, absolutely and relative to the prompt.
+fn isl_bypass(req: &RouteRequest<'_>, whole: &Peek, threshold: u64, ratio: f64) -> bool {
+    let bs = u64::from(whole.block_size.max(1));
+    let eff = req.prompt_tokens.saturating_sub(u64::from(whole.cached_blocks) * bs);
+    eff < threshold && (eff as f64) < ratio * req.prompt_tokens.max(1) as f64
+}
