@@ -10,6 +10,7 @@ use kvgate_router::RouterConfig;
 use serde::{Deserialize, Serialize};
 
 pub use crate::cluster_config::{DiscoveryConfig, PeersConfig};
+pub use crate::disagg_config::{DisaggConfig, Role, SplitMode};
 pub use crate::epp_config::{EppConfig, DEFAULT_EPP_LISTEN};
 use crate::error::ConfigError;
 pub use crate::model_config::ModelConfig;
@@ -253,6 +254,9 @@ pub struct GatewayConfig {
     pub epp: EppConfig,
     /// TLS on the listeners, and to https:// engines and peers.
     pub tls: TlsConfig,
+    /// Prefill/decode disaggregation, for pools with `role = "prefill"`
+    /// replicas.
+    pub disagg: DisaggConfig,
 }
 
 impl Default for GatewayConfig {
@@ -277,6 +281,7 @@ impl Default for GatewayConfig {
             discovery: DiscoveryConfig::default(),
             epp: EppConfig::default(),
             tls: TlsConfig::default(),
+            disagg: DisaggConfig::default(),
         }
     }
 }
@@ -399,6 +404,7 @@ impl GatewayConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         self.router.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        self.disagg.validate()?;
         if self.worker_threads > 1024 {
             return bad(format!("worker_threads {} is above 1024", self.worker_threads));
         }

@@ -18,9 +18,11 @@ use std::time::{Duration, Instant};
 use kvgate_events::Batch;
 use kvgate_index::{BlockKey, Index, ReplicaId, ReplicaSpec, SpentTable};
 use kvgate_router::{
-    Booking, Decision, EngineReport, Health, LedgerChange, Outcome, PeerId, RejectReason,
-    ReplicaInfo, RouteRequest, Router,
+    Booking, Decision, Disagg, EngineReport, Health, LedgerChange, Outcome, PdPlan, PdRefusal,
+    PeerId, RejectReason, ReplicaInfo, RouteRequest, Router,
 };
+
+use crate::disagg_config::Role;
 
 use crate::replica_status::{Failure, ReplicaStatus};
 use crate::scrape::EngineScrape;
@@ -43,8 +45,11 @@ fn pool_of_booking(id: u64) -> PoolId {
 #[derive(Debug)]
 struct Tracked {
     name: String,
-    /// The pool it serves: its router is `routers[pool]`.
-    pool: PoolId,
+    /// Its router: `routers[pool]`, the pool's own, or for a prefill
+    /// replica the pool's prefill side (`Fleet::add_prefill_side`).
+    pool: usize,
+    /// The model pool it serves.
+    model_pool: PoolId,
     block_size: u32,
     /// It has a KV event stream (readiness waits for its first sync).
     has_events: bool,
@@ -81,6 +86,9 @@ pub(crate) struct Fleet {
     routers: Vec<Router>,
     replicas: BTreeMap<ReplicaId, Tracked>,
     rules: HealthRules,
+    /// Pools with a prefill side: its router's place in `routers` (after
+    /// every pool's own) and the planner that splits their requests.
+    disagg: BTreeMap<PoolId, (usize, Disagg)>,
 }
 
 impl Fleet {
@@ -89,7 +97,46 @@ impl Fleet {
         for (pool, r) in routers.iter_mut().enumerate() {
             r.set_booking_id_base((pool as u64) << POOL_ID_SHIFT);
         }
-        Fleet { index: Index::new(), routers, replicas: BTreeMap::new(), rules }
+        Fleet {
+            index: Index::new(),
+            routers,
+            replicas: BTreeMap::new(),
+            rules,
+            disagg: BTreeMap::new(),
+        }
+    }
+
+    /// Gives `pool` a prefill side: `router` over its `role = "prefill"`
+    /// replicas (booking from its own id range, like a pool's), and the
+    /// `planner` that decides, per request, whether to split it.
+    pub(crate) fn add_prefill_side(&mut self, pool: PoolId, mut router: Router, planner: Disagg) {
+        let slot = self.routers.len();
+        router.set_booking_id_base((slot as u64) << POOL_ID_SHIFT);
+        self.routers.push(router);
+        self.disagg.insert(pool, (slot, planner));
+    }
+
+    /// Whether `pool` splits requests (it has a prefill side).
+    pub(crate) fn disaggregated(&self, pool: PoolId) -> bool {
+        self.disagg.contains_key(&pool)
+    }
+
+    /// Plans one request of a disaggregated pool (`kvgate_router::Disagg`):
+    /// served whole on a decode replica, or split, booked on both sides.
+    /// `None` when the pool has no prefill side.
+    pub(crate) fn plan(
+        &mut self,
+        pool: PoolId,
+        req: &RouteRequest<'_>,
+        now: Instant,
+    ) -> Option<Result<PdPlan, PdRefusal>> {
+        let (slot, planner) = self.disagg.get_mut(&pool)?;
+        if pool >= *slot {
+            return None;
+        }
+        let (head, tail) = self.routers.split_at_mut(*slot);
+        let (decode, prefill) = (head.get_mut(pool)?, tail.first_mut()?);
+        Some(planner.plan((prefill, &self.index), (decode, &self.index), req, now))
     }
 
     pub(crate) fn index(&self) -> &Index {
@@ -118,7 +165,7 @@ impl Fleet {
 
     /// The pool `id` serves.
     pub(crate) fn pool_of(&self, id: ReplicaId) -> Option<PoolId> {
-        self.replicas.get(&id).map(|t| t.pool)
+        self.replicas.get(&id).map(|t| t.model_pool)
     }
 
     /// The router that made `booking`.
@@ -217,6 +264,7 @@ impl Fleet {
     /// Registers a replica: in the index (bounded by the rules' bound until
     /// the engine reports its size) and in the router, down until its first
     /// probe answers.
+    #[cfg(test)]
     pub(crate) fn add(
         &mut self,
         name: &str,
@@ -225,9 +273,34 @@ impl Fleet {
         has_events: bool,
         pool: PoolId,
     ) -> Result<ReplicaId, String> {
-        if pool >= self.routers.len() {
-            return Err(format!("no pool #{pool}"));
+        self.add_with_role(name, dp_rank, block_size, has_events, pool, Role::Both)
+    }
+
+    /// [`Fleet::add`] for a replica with a disaggregation role: a prefill
+    /// replica joins its pool's prefill side, which must exist.
+    pub(crate) fn add_with_role(
+        &mut self,
+        name: &str,
+        dp_rank: u32,
+        block_size: u32,
+        has_events: bool,
+        model_pool: PoolId,
+        role: Role,
+    ) -> Result<ReplicaId, String> {
+        let first_side = self.disagg.values().map(|d| d.0).min().unwrap_or(self.routers.len());
+        if model_pool >= first_side {
+            return Err(format!("no pool #{model_pool}"));
         }
+        let pool = match (role, self.disagg.get(&model_pool)) {
+            (Role::Prefill, Some((slot, _))) => *slot,
+            (Role::Prefill, None) => {
+                return Err(format!(
+                    "replica {name}: role prefill in pool #{model_pool}, which has no prefill \
+                     side (declare its prefill replicas in the configuration)"
+                ))
+            }
+            _ => model_pool,
+        };
         let mut spec = ReplicaSpec::new(name, dp_rank, block_size);
         spec.capacity_blocks = [Some(self.rules.index_bound); 3];
         let id = self.index.add_replica(spec).map_err(|e| e.to_string())?;
@@ -244,7 +317,8 @@ impl Fleet {
                 "no KV event stream configured (events=tcp://…): routed by load only".into(),
             );
         }
-        let tracked = Tracked { name: name.to_owned(), pool, block_size, has_events, status };
+        let tracked =
+            Tracked { name: name.to_owned(), pool, model_pool, block_size, has_events, status };
         self.replicas.insert(id, tracked);
         Ok(id)
     }
@@ -415,7 +489,7 @@ impl Fleet {
     /// those), then those its engines list, each once.
     pub(crate) fn adapters(&self, pool: PoolId, declared: &[String]) -> Vec<String> {
         let mut all = declared.to_vec();
-        for t in self.replicas.values().filter(|t| t.pool == pool) {
+        for t in self.replicas.values().filter(|t| t.model_pool == pool) {
             for a in &t.status.adapters {
                 if !all.contains(a) {
                     all.push(a.clone());
@@ -440,7 +514,9 @@ impl Fleet {
         }
         self.replicas
             .iter()
-            .filter(|(_, t)| t.pool == pool && !t.status.adapters.iter().any(|a| a == adapter))
+            .filter(|(_, t)| {
+                t.model_pool == pool && !t.status.adapters.iter().any(|a| a == adapter)
+            })
             .map(|(&id, _)| id)
             .collect()
     }
@@ -470,7 +546,7 @@ impl Fleet {
         self.replicas
             .values()
             .find(|t| t.status.adapters.iter().any(|a| a == model))
-            .map(|t| t.pool)
+            .map(|t| t.model_pool)
     }
 
     /// Applies one event batch of `id`'s.

@@ -35,6 +35,21 @@ impl FleetHandle {
         self.with(|f| f.route(pool, req, now))
     }
 
+    /// Whether `pool` splits requests ([`Fleet::disaggregated`]).
+    pub(crate) fn disaggregated(&self, pool: PoolId) -> bool {
+        self.with(|f| f.disaggregated(pool))
+    }
+
+    /// Plans one request of a disaggregated pool ([`Fleet::plan`]).
+    pub(crate) fn plan(
+        &self,
+        pool: PoolId,
+        req: &RouteRequest<'_>,
+        now: Instant,
+    ) -> Option<Result<kvgate_router::PdPlan, kvgate_router::PdRefusal>> {
+        self.with(|f| f.plan(pool, req, now))
+    }
+
     /// `booking`'s first token arrived ([`Router::first_token`](kvgate_router::Router::first_token)).
     pub(crate) fn first_token(&self, booking: Booking, now: Instant) -> Option<Duration> {
         self.with(|f| f.first_token(booking, now))

@@ -10,45 +10,22 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
-use futures_util::StreamExt;
 use kvgate_openai::ErrorResponse;
 use kvgate_router::{Outcome, Routed};
 
 use crate::booking::HeldBooking;
-use crate::directory::Directory;
-use crate::engine_client::{BodyStream, EngineClient, EngineRequest, EngineResponse, SendError};
-use crate::fleet_handle::FleetHandle;
-use crate::metrics::Metrics;
-use crate::placement::{Attempts, Placer};
+use crate::engine_client::EngineResponse;
+pub(crate) use crate::forwarder::Forwarder;
+use crate::forwarder::{read_capped, send, MAX_WHOLE_RESPONSE};
+use crate::pd_forward::{self, Split};
+use crate::placement::Attempts;
 use crate::prepare::Prepared;
 use crate::relay::{Relay, RelayContext};
 use crate::replica::Replica;
 use crate::replica_status::Failure;
 use crate::request_error::{Reason, RequestError};
 use crate::response::answer;
-use crate::settings::RequestLimits;
 use crate::shed::InflightPermit;
-
-/// Largest engine error body read to relay its message, bytes.
-const MAX_ERROR_BODY: usize = 64 << 10;
-
-/// What routing and forwarding a request use: the placement (the fleet's
-/// decision and the admission queue), the fleet handle (report failures),
-/// the directory (where the chosen replica is), the engines, the metrics,
-/// and the request path's settings. Built once by the wiring.
-#[derive(Debug)]
-pub(crate) struct Forwarder {
-    pub(crate) placer: Placer,
-    pub(crate) fleet: Arc<FleetHandle>,
-    pub(crate) replicas: Arc<Directory>,
-    pub(crate) engines: Arc<dyn EngineClient>,
-    pub(crate) metrics: Arc<Metrics>,
-    pub(crate) limits: RequestLimits,
-    /// The fleet's block size, to count cached prompt tokens.
-    pub(crate) block_size: u32,
-    /// `replica_header`: name the replica in `x-kvgate-replica`.
-    pub(crate) replica_header: bool,
-}
 
 /// Routes and forwards `p`; `permit` bounds concurrency for the whole life
 /// of the response, streaming included.
@@ -67,8 +44,27 @@ pub(crate) async fn forward(
     };
     let mut attempts = Attempts::new(&fwd.placer, p.pool, exclude);
     let max_retries = fwd.limits.max_retries;
+    // A disaggregated pool plans first: split (both hops run here), or
+    // whole on the decode replica it chose, or whole wherever placement
+    // decides below.
+    let mut planned = None;
+    if fwd.fleet.disaggregated(p.pool) {
+        match pd_forward::split(fwd, &p, &fwd_headers, &mut attempts).await {
+            Split::Decoded { replica, routed, booking, resp } => {
+                replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                fwd.metrics.prompt_tokens(p.prompt_tokens, 0);
+                record_decision(&replica, &routed);
+                return respond(fwd, &p, replica, routed, booking, resp, permit, t0).await;
+            }
+            Split::Whole(routed) => planned = routed,
+        }
+    }
     loop {
-        let routed = match fwd.placer.place(&p, &mut attempts).await {
+        let placed = match planned.take() {
+            Some(r) => Ok(r),
+            None => fwd.placer.place(&p, &mut attempts).await,
+        };
+        let routed = match placed {
             Ok(r) => r,
             Err(e) => return answer(&fwd.metrics, label, "", &e),
         };
@@ -115,86 +111,6 @@ pub(crate) fn record_decision(replica: &Replica, routed: &Routed) {
         span.record("reason", e.reason.label());
     }
     tracing::debug!("routed");
-}
-
-/// Sends the request; `Err` when another replica should be tried.
-async fn send(
-    fwd: &Forwarder,
-    p: &Prepared,
-    replica: &Replica,
-    fwd_headers: &[(header::HeaderName, HeaderValue)],
-) -> Result<EngineResponse, RequestError> {
-    let mut headers = fwd_headers.to_vec();
-    if let Some(rank) = replica.config.dp_rank {
-        // vLLM's server pins the request to this data-parallel engine
-        // (`_get_data_parallel_rank` in entrypoints/generate/base/serving.py).
-        headers.push((header::HeaderName::from_static("x-data-parallel-rank"), rank.into()));
-    }
-    let req = EngineRequest {
-        url: replica.route_url(p.route).clone(),
-        body: p.body_for(replica.config.passthrough),
-        headers,
-        bearer: replica.config.api_key.clone(),
-    };
-    let first_byte = fwd.limits.first_byte;
-    let resp = match tokio::time::timeout(first_byte, fwd.engines.post(req)).await {
-        Err(_) => {
-            let e =
-                ErrorResponse::timeout(format!("replica {} did not answer in time", replica.name));
-            return Err(RequestError::new(Reason::Timeout, e));
-        }
-        Ok(Err(SendError::Unreachable(e))) => {
-            // Nothing listens there (refused, unreachable): the replica is
-            // gone, not slow; take it out of rotation at once.
-            let error = format!("connect failed: {e}");
-            fwd.fleet.failed(replica.id, error, Failure::Unreachable, Instant::now());
-            let e =
-                ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name));
-            return Err(RequestError::new(Reason::Connect, e));
-        }
-        Ok(Err(SendError::Failed(e))) => {
-            let e =
-                ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name));
-            return Err(RequestError::new(Reason::Connect, e));
-        }
-        Ok(Ok(r)) => r,
-    };
-    if resp.status >= 500 {
-        let status = resp.status;
-        // Enough of an engine's error body for its message, even if cut.
-        let body = read_up_to(resp.body, MAX_ERROR_BODY).await.map(|(b, _)| b).unwrap_or_default();
-        let e = ErrorResponse::from_upstream(status, &body);
-        return Err(RequestError::new(Reason::Status5xx, e));
-    }
-    Ok(resp)
-}
-
-/// Largest whole (non-streamed) engine response relayed, bytes: an engine
-/// cannot make kvgate buffer without bound.
-const MAX_WHOLE_RESPONSE: usize = 256 << 20;
-
-/// Reads the body up to `max` bytes. `Ok((bytes, true))` when it all fit,
-/// `Ok((first max bytes, false))` when it did not; the rest is not read.
-async fn read_up_to(mut body: BodyStream, max: usize) -> Result<(bytes::Bytes, bool), String> {
-    let mut out = bytes::BytesMut::new();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk?;
-        let room = max.saturating_sub(out.len());
-        out.extend_from_slice(&chunk[..chunk.len().min(room)]);
-        if chunk.len() > room {
-            return Ok((out.freeze(), false));
-        }
-    }
-    Ok((out.freeze(), true))
-}
-
-/// The whole body, or an error past `max` bytes.
-async fn read_capped(body: BodyStream, max: usize) -> Result<bytes::Bytes, String> {
-    match read_up_to(body, max).await {
-        Ok((body, true)) => Ok(body),
-        Ok((_, false)) => Err(format!("response larger than {max} bytes")),
-        Err(e) => Err(e),
-    }
 }
 
 fn response_headers(fwd: &Forwarder, replica: &Replica, upstream: &HeaderMap) -> HeaderMap {

@@ -72,6 +72,11 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PlanLabels {
+    plan: &'static str,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Time to first token: 5 ms to 2 min.
@@ -139,6 +144,8 @@ pub(crate) struct Metrics {
     stream_errors: Family<ReasonLabels, Counter>,
     rejected: Family<ReasonLabels, Counter>,
     task_restarts: Family<TaskLabels, Counter>,
+    /// Disaggregated pools' plans (`pd_forward.rs`), by outcome.
+    disagg_plans: Family<PlanLabels, Counter>,
     open_connections: Gauge,
     connections_refused: Counter,
     /// The last TTFTs with their times, for the dashboard's percentiles.
@@ -166,6 +173,7 @@ impl Metrics {
         let stream_errors = Family::<ReasonLabels, Counter>::default();
         let rejected = Family::<ReasonLabels, Counter>::default();
         let task_restarts = Family::<TaskLabels, Counter>::default();
+        let disagg_plans = Family::<PlanLabels, Counter>::default();
         for task in ["feed", "monitor"] {
             drop(task_restarts.get_or_create(&TaskLabels { task }));
         }
@@ -231,6 +239,14 @@ impl Metrics {
             epp_pick.clone(),
         );
         registry.register(
+            "disagg_plans",
+            "Requests of disaggregated pools, by plan: split (prefill hop, then decode hop), \
+             bypass (served whole on a decode replica), prefill_fallback (every prefill \
+             attempt failed: served whole), decode_fallback (the decode hop failed before \
+             its first byte: served whole elsewhere)",
+            disagg_plans.clone(),
+        );
+        registry.register(
             "prompt_tokens",
             "Prompt tokens of routed requests",
             prompt_tokens.clone(),
@@ -280,6 +296,7 @@ impl Metrics {
             stream_errors,
             rejected,
             task_restarts,
+            disagg_plans,
             open_connections,
             connections_refused,
             recent_ttft: RecentTtft::default(),
@@ -369,6 +386,12 @@ impl Metrics {
             ReasonFamily::Rejected => &self.rejected,
         };
         family.get_or_create(&ReasonLabels { reason: reason.label() }).inc();
+    }
+
+    /// One disaggregated pool's plan: `split`, `bypass`, `prefill_fallback`
+    /// or `decode_fallback`.
+    pub(crate) fn disagg_plan(&self, plan: &'static str) {
+        self.disagg_plans.get_or_create(&PlanLabels { plan }).inc();
     }
 
     pub(crate) fn task_restarted(&self, task: &'static str) {

@@ -78,7 +78,10 @@ impl Registry {
         let route_urls = Replica::parse_route_urls(&base)?;
         let has_events = cfg.events.is_some();
         let rank = cfg.dp_rank.unwrap_or(0);
-        let id = self.fleet.with(|f| f.add(&name, rank, cfg.block_size, has_events, pool))?;
+        let role = cfg.role;
+        let id = self
+            .fleet
+            .with(|f| f.add_with_role(&name, rank, cfg.block_size, has_events, pool, role))?;
         let (stop, _) = watch::channel(false);
         let replica = Arc::new(Replica {
             id,

@@ -74,6 +74,10 @@ pub struct ReplicaConfig {
     /// with `--replica` or the admin API when there are several pools.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// Its part in prefill/decode disaggregation: `both` (default),
+    /// `prefill` (prefill hops only) or `decode` (`[disagg]`).
+    #[serde(default)]
+    pub role: crate::disagg_config::Role,
 }
 
 fn default_block_size() -> u32 {
@@ -102,6 +106,7 @@ impl ReplicaConfig {
             dp_size: default_dp_size(),
             dp_rank: None,
             pool: None,
+            role: crate::disagg_config::Role::Both,
         }
     }
 
@@ -171,6 +176,18 @@ impl ReplicaConfig {
                 "api_key" => r.api_key = Some(v.to_owned()),
                 "name" => r.name = Some(v.to_owned()),
                 "pool" => r.pool = Some(v.to_owned()),
+                "role" => {
+                    r.role = match v {
+                        "both" => crate::disagg_config::Role::Both,
+                        "prefill" => crate::disagg_config::Role::Prefill,
+                        "decode" => crate::disagg_config::Role::Decode,
+                        _ => {
+                            return Err(ConfigError::Invalid(format!(
+                                "--replica {spec:?}: role must be both, prefill or decode"
+                            )))
+                        }
+                    }
+                }
                 "dp_size" => {
                     r.dp_size = v.parse().ok().filter(|&k| k >= 1).ok_or_else(|| {
                         ConfigError::Invalid(format!("--replica {spec:?}: dp_size {v:?}"))
@@ -202,7 +219,8 @@ impl ReplicaConfig {
                 other => {
                     return Err(ConfigError::Invalid(format!(
                         "--replica {spec:?}: unknown key {other:?} (expected events, replay, \
-                         topic, api_key, block_size, passthrough, name, dp_size, dp_rank, pool)"
+                         topic, api_key, block_size, passthrough, name, dp_size, dp_rank, pool, \
+                         role)"
                     )))
                 }
             }

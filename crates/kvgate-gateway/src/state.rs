@@ -100,7 +100,10 @@ impl Shared {
         }
         let mut routers = Vec::new();
         let mut pools = Vec::new();
+        // Pools with prefill replicas get a prefill side (`[disagg]`).
+        let mut prefill_sides = Vec::new();
         for (id, (p, tokenizer)) in pool_configs.into_iter().zip(tokenizers).enumerate() {
+            let has_prefill = p.replicas.iter().any(|r| r.role == crate::config::Role::Prefill);
             let mut router = Router::new(p.router.clone(), Arc::default()).map_err(|e| {
                 StartError::Config(ConfigError::Invalid(format!("pool {}: {e}", p.name)))
             })?;
@@ -109,6 +112,15 @@ impl Shared {
             let admission = Arc::new(Admission::default());
             let waiters = Arc::clone(&admission);
             router.on_load_change(Arc::new(move || waiters.load_changed()));
+            if has_prefill {
+                // Its own ledger; a prefill hop's end frees the pool too.
+                let mut side = Router::new(p.router.clone(), Arc::default()).map_err(|e| {
+                    StartError::Config(ConfigError::Invalid(format!("pool {}: {e}", p.name)))
+                })?;
+                let waiters = Arc::clone(&admission);
+                side.on_load_change(Arc::new(move || waiters.load_changed()));
+                prefill_sides.push((id, side));
+            }
             routers.push(router);
             pools.push(Arc::new(Pool::new(id, p.name, p.model, tokenizer, admission)));
         }
@@ -116,7 +128,11 @@ impl Shared {
         let block_size = config.block_size();
         let (closing, _) = watch::channel(false);
         let settings = Settings::from_config(&config);
-        let fleet = Arc::new(FleetHandle::new(Fleet::new(routers, settings.health)));
+        let mut core = Fleet::new(routers, settings.health);
+        for (id, side) in prefill_sides {
+            core.add_prefill_side(id, side, kvgate_router::Disagg::new(config.disagg.planner()));
+        }
+        let fleet = Arc::new(FleetHandle::new(core));
         let metrics = Arc::new(Metrics::new());
         let replicas = Arc::new(Directory::default());
         let peers = Arc::new(Peers::new());

@@ -527,7 +527,7 @@ impl Router {
 /// pulls only those), so it prefills just the partial last block; it joins
 /// the next step rather than the prefill queue, so at most one step's
 /// budget of queued prefill is ahead of it.
-fn remote_kv_inputs(x: &mut CostInputs, s_per_token: f64) {
+pub(crate) fn remote_kv_inputs(x: &mut CostInputs, s_per_token: f64) {
     let bs = u64::from(x.block_size.max(1));
     let missing = x.prompt_tokens.saturating_sub(u64::from(x.cached_blocks) * bs);
     x.received_s = s_per_token.max(0.0) * missing as f64;

@@ -255,3 +255,61 @@ fn isl_bypass(req: &RouteRequest<'_>, whole: &Peek, threshold: u64, ratio: f64) 
     let eff = req.prompt_tokens.saturating_sub(u64::from(whole.cached_blocks) * bs);
     eff < threshold && (eff as f64) < ratio * req.prompt_tokens.max(1) as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::CostModelConfig;
+    use crate::cost::{decode_delay_charge, predict, CostInputs};
+    use crate::decide::remote_kv_inputs;
+
+    /// The worked example of docs/routing.md ("Prefill/decode
+    /// disaggregation"), so the doc stays true: the same 8,000-token prompt
+    /// bypasses where a decode replica holds 7,680 of its tokens, and
+    /// splits when nothing holds it.
+    #[test]
+    fn worked_example_in_docs_routing_md() {
+        let c = CostModelConfig::default();
+        let s_per_token = 262_144.0 / 64e9;
+        let base = CostInputs {
+            prompt_tokens: 8000,
+            block_size: 16,
+            max_num_batched_tokens: 8192,
+            prefill_s_per_token: 1.0 / 16_000.0,
+            overhead_s: 0.020,
+            ..CostInputs::default()
+        };
+        let r = |x: f64| (x * 10_000.0).round() / 10_000.0;
+        // Whole on D (40 sequences decoding there): its cost and the
+        // decode-delay charge its prefill puts on those 40.
+        let whole = |cached_blocks: u32| {
+            let p = predict(&c, &CostInputs { cached_blocks, decoding: 40, ..base });
+            (p, p.cost + decode_delay_charge(&c, &p, 40))
+        };
+        // The prefill hop on an idle P holding nothing, and the decode hop
+        // on that same D.
+        let split = |cached_blocks: u32| {
+            let p = predict(&c, &CostInputs { ..base });
+            let mut x = CostInputs { cached_blocks, decoding: 40, ..base };
+            remote_kv_inputs(&mut x, s_per_token);
+            let h = predict(&c, &x);
+            (p, h, p.cost + h.cost + decode_delay_charge(&c, &h, 40))
+        };
+
+        // The session's next turn: D holds 480 blocks (7,680 tokens).
+        let (w, bypass) = whole(480);
+        assert_eq!((w.uncached_tokens, r(w.ttft_s), r(bypass)), (320, 0.052, 0.092));
+        let (p, h, total) = split(480);
+        assert_eq!(
+            [r(p.ttft_s), r(h.transfer_s), r(h.ttft_s), r(total)],
+            [0.52, 0.0013, 0.0334, 0.5535]
+        );
+        assert!(bypass < total, "the warm turn must bypass");
+
+        // A new 8,000-token prompt: nothing cached anywhere.
+        let (w, bypass) = whole(0);
+        assert_eq!((r(w.ttft_s), r(bypass)), (0.532, 1.532));
+        let (_, h, total) = split(0);
+        assert_eq!([r(h.transfer_s), r(h.ttft_s), r(total)], [0.0328, 0.0648, 0.585]);
+        assert!(total < bypass, "the cold prompt must split");
+    }
+}

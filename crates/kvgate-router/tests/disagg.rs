@@ -16,7 +16,8 @@ const BS: u32 = 16;
 
 /// A router over `n` replicas, with their index.
 fn side(n: u32) -> (Router, Index) {
-    let cfg = RouterConfig { policy: PolicyKind::KvAware, seed: Some(3), ..RouterConfig::default() };
+    let cfg =
+        RouterConfig { policy: PolicyKind::KvAware, seed: Some(3), ..RouterConfig::default() };
     let mut r = Router::new(cfg, Arc::new(RouterMetrics::default())).unwrap();
     let mut index = Index::new();
     for i in 0..n {
@@ -30,11 +31,7 @@ fn side(n: u32) -> (Router, Index) {
 
 fn planner(mode: DisaggMode) -> Disagg {
     // Qwen3-32B's 256 KiB per token over 64 GB/s: 4.1 µs per token.
-    Disagg::new(DisaggConfig {
-        mode,
-        kv_bytes_per_token: 262_144,
-        bandwidth_bytes_per_s: 64e9,
-    })
+    Disagg::new(DisaggConfig { mode, kv_bytes_per_token: 262_144, bandwidth_bytes_per_s: 64e9 })
 }
 
 fn prompt(len: u32, salt: u32) -> Vec<u32> {

@@ -22,7 +22,9 @@ fn config(engine_id: &str, lease_s: f64) -> ServerConfig {
         engine: EngineConfig { hash_seed: Some(7), ..EngineConfig::default() },
         model: MODEL.to_owned(),
         speedup: 50.0,
-        kv_transfer: Some(KvTransferConfig::from_vllm_json(&json, engine_id, 114_688, 64e9).unwrap()),
+        kv_transfer: Some(
+            KvTransferConfig::from_vllm_json(&json, engine_id, 114_688, 64e9).unwrap(),
+        ),
         ..ServerConfig::default()
     }
 }
@@ -65,7 +67,8 @@ async fn a_prefill_hop_hands_its_kv_to_a_decode_hop() {
     // The prefill side holds the blocks for the decode side.
     assert!(kv_usage(&p).await > 0.0);
 
-    let decode = json!({"model": MODEL, "prompt": ids, "max_tokens": 5, "kv_transfer_params": params});
+    let decode =
+        json!({"model": MODEL, "prompt": ids, "max_tokens": 5, "kv_transfer_params": params});
     let (status, out) = post(&d, "/v1/completions", &decode).await;
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["usage"]["completion_tokens"], json!(5));
@@ -79,6 +82,13 @@ async fn a_prefill_hop_hands_its_kv_to_a_decode_hop() {
         .await
         .unwrap();
     assert_eq!(seen["received"], json!([params]));
+    let answered: Value = reqwest::get(format!("{}/debug/kv_transfers", p.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(answered["answered"], json!([params]));
     // The lease ends: the prefill side frees the blocks (they stay cached).
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(kv_usage(&p).await, 0.0);

@@ -67,7 +67,8 @@ impl Fleet {
         let t0 = Instant::now();
         let plan = planner.plan((&mut p.router, &p.index), (&mut d.router, &d.index), &req, now);
         rec.decide_ns = t0.elapsed().as_nanos() as u64;
-        let global = |pool: &super::Pool, id| pool.replicas.iter().copied().find(|&g| self.ids[g] == id);
+        let global =
+            |pool: &super::Pool, id| pool.replicas.iter().copied().find(|&g| self.ids[g] == id);
         match plan {
             Ok(PdPlan::Aggregated(routed)) => {
                 let Some(g) = global(d, routed.replica) else {
@@ -84,8 +85,7 @@ impl Fleet {
                 self.records.push(rec);
             }
             Ok(PdPlan::Split { prefill, decode }) => {
-                let (Some(pg), Some(dg)) =
-                    (global(p, prefill.replica), global(d, decode.replica))
+                let (Some(pg), Some(dg)) = (global(p, prefill.replica), global(d, decode.replica))
                 else {
                     return self.unserved_record(rec);
                 };

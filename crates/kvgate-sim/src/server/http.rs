@@ -304,9 +304,9 @@ impl Sampling {
         mut self,
         state: &AppState,
         params: Option<Value>,
-    ) -> Result<Sampling, Response> {
+    ) -> Result<Sampling, ApiError> {
         if state.config.kv_transfer.is_some() {
-            self.kv = kv_transfer::role(params.as_ref()).map_err(bad)?;
+            self.kv = kv_transfer::role(params.as_ref()).map_err(ApiError::bad)?;
         }
         Ok(self)
     }
@@ -361,7 +361,7 @@ pub(super) async fn chat(State(state): State<Shared>, headers: HeaderMap, body: 
     );
     let s = match s.with_kv(&state, request.kv_transfer_params.clone().map(Value::Object)) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let kind = Kind::Chat;
     generate(state, kind, prompt, s, request.is_stream(), request.include_usage()).await
@@ -430,7 +430,7 @@ pub(super) async fn completions(
     );
     let s = match s.with_kv(&state, request.kv_transfer_params.clone().map(Value::Object)) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     generate(state, Kind::Completion, prompt, s, request.is_stream(), request.include_usage()).await
 }
@@ -527,7 +527,7 @@ pub(super) async fn generate_tokens(
     let extra = params.get("extra_args").and_then(Value::as_object).unwrap_or(&empty);
     let s = match s.with_kv(&state, extra.get("kv_transfer_params").cloned()) {
         Ok(s) => s,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let stream = value.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage = stream
@@ -828,7 +828,11 @@ fn kv_answer(state: &AppState, hop: Hop, rid: &str, prompt_len: usize, cached: u
     match (&state.config.kv_transfer, hop) {
         (Some(kv), Hop::Prefill) => {
             let bs = state.config.engine.block_size;
-            kv_transfer::prefill_answer(kv, rid, state.http_addr, prompt_len, bs, cached)
+            let v = kv_transfer::prefill_answer(kv, rid, state.http_addr, prompt_len, bs, cached);
+            if let Value::Object(o) = &v {
+                state.kv_answered.push(o);
+            }
+            v
         }
         _ => Value::Null,
     }
@@ -859,10 +863,11 @@ fn start_lease(state: &Shared, rank: usize, id: RequestId) {
     });
 }
 
-/// `GET /debug/kv_transfers`: the last decode hops' `kv_transfer_params`,
-/// as received (the simulator's own route).
+/// `GET /debug/kv_transfers`: the last prefill hops' `kv_transfer_params`
+/// as answered, and the last decode hops' as received (the simulator's own
+/// route).
 pub(super) async fn kv_transfers(State(state): State<Shared>) -> Json<Value> {
-    Json(json!({"received": state.kv_received.all()}))
+    Json(json!({"answered": state.kv_answered.all(), "received": state.kv_received.all()}))
 }
 
 /// Counts a finished request; signals exit at `exit_after_requests`.

@@ -63,8 +63,8 @@ impl KvTransferConfig {
             Some("NixlConnector") => {}
             Some(other) => {
                 return Err(format!(
-                    "--kv-transfer-config: kv_connector {other:?} is not simulated; use NixlConnector"
-                ))
+                "--kv-transfer-config: kv_connector {other:?} is not simulated; use NixlConnector"
+            ))
             }
             None => return Err("--kv-transfer-config needs \"kv_connector\"".into()),
         }
@@ -176,7 +176,7 @@ pub(crate) fn prefill_answer(
     })
 }
 
-/// The last decode hops' parameters, newest last.
+/// The last hops' parameters, newest last.
 #[derive(Debug, Default)]
 pub(crate) struct Received(Mutex<VecDeque<Value>>);
 

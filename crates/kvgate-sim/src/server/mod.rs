@@ -192,6 +192,8 @@ pub(crate) struct AppState {
     pub(crate) http_addr: SocketAddr,
     /// Decode hops' parameters as received (`/debug/kv_transfers`).
     pub(crate) kv_received: kv_transfer::Received,
+    /// Prefill hops' parameters as answered (`/debug/kv_transfers`).
+    pub(crate) kv_answered: kv_transfer::Received,
 }
 
 impl AppState {
@@ -361,6 +363,7 @@ pub async fn start(
         exit: exit_tx,
         http_addr,
         kv_received: kv_transfer::Received::default(),
+        kv_answered: kv_transfer::Received::default(),
     });
     let app = routes::router(state);
     let (shutdown, mut shutdown_rx) = watch::channel(false);
