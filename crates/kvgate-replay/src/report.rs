@@ -258,7 +258,35 @@ pub fn render_table(report: &Report) -> String {
     if let Some(pools) = &report.pools {
         render_pools(&mut s, report, pools);
     }
+    render_disagg(&mut s, report);
     s
+}
+
+/// Prefill/decode runs' plans, below the main table.
+fn render_disagg(s: &mut String, report: &Report) {
+    let runs: Vec<_> =
+        report.runs.iter().filter_map(|r| r.disagg.as_ref().map(|d| (r, d))).collect();
+    if runs.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n{:<15} {:>7} {:>7} {:>9} {:>7} {:>11} {:>11}",
+        "p/d plans", "rate x", "split", "bypassed", "bypass", "transfer ms", "tokens/xfer"
+    );
+    for (r, d) in runs {
+        let _ = writeln!(
+            s,
+            "{:<15} {:>7.3} {:>7} {:>9} {:>7.3} {:>11.1} {:>11.0}",
+            r.policy,
+            r.rate_scale,
+            d.split,
+            d.bypassed,
+            d.bypass_rate,
+            d.transfer_ms.mean,
+            d.transfer_tokens_mean
+        );
+    }
 }
 
 /// The pool and adapter table, below the main one.
