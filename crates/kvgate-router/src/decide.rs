@@ -85,6 +85,10 @@ pub struct Peek {
     pub uncached_tokens: u64,
     /// Its tokens per block.
     pub block_size: u32,
+    /// Seconds of the request's own prefill there.
+    pub prefill_s: f64,
+    /// Requests there still waiting for their first token.
+    pub awaiting_first_token: u32,
 }
 
 /// The outcome of a decision.
@@ -168,6 +172,8 @@ impl Router {
                 cached_blocks: c.overlap_blocks.iter().sum::<u32>() + c.tentative_blocks,
                 uncached_tokens: p.uncached_tokens,
                 block_size: self.block_size(c.replica),
+                prefill_s: p.prefill_s,
+                awaiting_first_token: c.requests.saturating_sub(c.decoding),
             });
         self.scratch_matches = matches;
         self.scratch_cands = cands;

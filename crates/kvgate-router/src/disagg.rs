@@ -215,7 +215,7 @@ impl Disagg {
                 let hop = d_router.peek(&d_req, d_index, now);
                 let pre = p_router.peek(&p_req, p_index, now);
                 match (whole, hop, pre) {
-                    (Some(w), Some(h), Some(p)) => p.cost + h.cost < w.cost,
+                    (Some(w), Some(h), Some(p)) => p.cost + h.cost < w.cost + held_up(&w),
                     (None, _, Some(_)) => true,
                     _ => false,
                 }
@@ -247,6 +247,16 @@ impl Disagg {
     }
 }
 
+/// What serving a request whole on a decode replica costs the requests
+/// there still waiting for their first token, above what its preview
+/// counts: its prefill chunks fill the steps they need (a decode hop needs
+/// one step, a whole request its own chunks), so each waits about its
+/// prefill longer, in TTFT seconds. The decode-delay charge counts only the
+/// sequences already decoding, at an ITL weight.
+fn held_up(whole: &Peek) -> f64 {
+    whole.prefill_s * f64::from(whole.awaiting_first_token)
+}
+
 /// Dynamo's `isl_bounding`: the effective input length on the decode
 /// replica the router would choose (prompt minus its cached prefix) is
 /// short, absolutely and relative to the prompt.
@@ -261,6 +271,25 @@ mod tests {
     use crate::config::CostModelConfig;
     use crate::cost::{decode_delay_charge, predict, CostInputs};
     use crate::decide::remote_kv_inputs;
+
+    /// The held-up charge: a bypass's prefill delays each request waiting
+    /// for its first token on that decode replica by about its length.
+    #[test]
+    fn a_bypass_is_charged_for_the_first_tokens_it_holds_up() {
+        let peek = |prefill_s: f64, awaiting_first_token: u32| super::Peek {
+            replica: kvgate_index::ReplicaId(0),
+            cost: 1.0,
+            predicted_ttft_s: 1.0,
+            cached_blocks: 0,
+            uncached_tokens: 8000,
+            block_size: 16,
+            prefill_s,
+            awaiting_first_token,
+        };
+        assert_eq!(super::held_up(&peek(0.5, 4)), 2.0);
+        assert_eq!(super::held_up(&peek(0.5, 0)), 0.0);
+        assert_eq!(super::held_up(&peek(0.0, 9)), 0.0);
+    }
 
     /// The worked example of docs/routing.md ("Prefill/decode
     /// disaggregation"), so the doc stays true: the same 8,000-token prompt
