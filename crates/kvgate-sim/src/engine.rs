@@ -353,25 +353,7 @@ impl Engine {
     pub fn prefix_hit_tokens(&self, tokens: &[u32], identity: &CacheIdentity) -> usize {
         let mut hashes = Vec::with_capacity(tokens.len() / self.block_size + 1);
         self.hasher.extend_keyed_blocks(&mut hashes, tokens, self.block_size, identity);
-        let probe = Request {
-            tokens: tokens.to_vec(),
-            identity: identity.clone(),
-            hashes,
-            blocks: Vec::new(),
-            num_computed: 0,
-            num_cached_blocks: 0,
-            offloaded_chunks: 0,
-            num_output: 0,
-            max_tokens: 1,
-            min_tokens: 0,
-            ignore_eos: true,
-            arrival: Duration::ZERO,
-            cached_tokens: None,
-            external_cached_tokens: 0,
-            remote_kv: false,
-            hold_blocks: false,
-        };
-        let (gpu, cpu) = self.find_prefix_hit(&probe);
+        let (gpu, cpu) = self.find_prefix_hit(tokens.len(), &hashes);
         (gpu.len() + cpu) * self.block_size
     }
 
@@ -633,7 +615,7 @@ impl Engine {
                         continue;
                     }
                 }
-                let (gpu_hits, n_cpu) = self.find_prefix_hit(r);
+                let (gpu_hits, n_cpu) = self.find_prefix_hit(r.tokens.len(), &r.hashes);
                 let hit_tokens = (gpu_hits.len() + n_cpu) * self.block_size;
                 // A decode hop loads the rest of its prompt from the
                 // prefill replica and computes only its last token.
@@ -795,10 +777,10 @@ impl Engine {
 
     /// Longest cached prefix: GPU blocks from the start, then CPU-tier blocks
     /// continuing it, capped so at least one token is computed.
-    fn find_prefix_hit(&self, r: &Request) -> (Vec<u32>, usize) {
-        let max_blocks = (r.tokens.len().saturating_sub(1) / self.block_size).min(r.hashes.len());
+    fn find_prefix_hit(&self, num_tokens: usize, hashes: &[Hash32]) -> (Vec<u32>, usize) {
+        let max_blocks = (num_tokens.saturating_sub(1) / self.block_size).min(hashes.len());
         let mut gpu_hits = Vec::new();
-        for h in &r.hashes[..max_blocks] {
+        for h in &hashes[..max_blocks] {
             match self.gpu.lookup(h) {
                 Some(b) => gpu_hits.push(b),
                 None => break,
@@ -808,7 +790,7 @@ impl Engine {
             self.cpu.as_ref().is_some_and(|c| c.contains(h))
                 || self.chunks.as_ref().is_some_and(|c| c.contains(h))
         };
-        let n_cpu = r.hashes[gpu_hits.len()..max_blocks].iter().take_while(|h| on_cpu(h)).count();
+        let n_cpu = hashes[gpu_hits.len()..max_blocks].iter().take_while(|h| on_cpu(h)).count();
         (gpu_hits, n_cpu)
     }
 

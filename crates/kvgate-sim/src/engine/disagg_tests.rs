@@ -2,18 +2,8 @@
 //! blocks until they are fetched, and a decode hop whose prompt KV arrives
 //! from elsewhere.
 
+use super::tests::cfg;
 use super::*;
-
-fn cfg(num_gpu_blocks: u32) -> EngineConfig {
-    EngineConfig {
-        block_size: 4,
-        num_gpu_blocks,
-        max_num_seqs: 8,
-        max_num_batched_tokens: 64,
-        hash_seed: Some(7),
-        ..EngineConfig::default()
-    }
-}
 
 fn run(e: &mut Engine) -> (Vec<StepOutput>, Duration) {
     let mut now = Duration::ZERO;

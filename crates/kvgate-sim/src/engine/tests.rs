@@ -2,7 +2,7 @@
 
 use super::*;
 
-fn cfg(num_gpu_blocks: u32) -> EngineConfig {
+pub(super) fn cfg(num_gpu_blocks: u32) -> EngineConfig {
     EngineConfig {
         block_size: 4,
         num_gpu_blocks,
