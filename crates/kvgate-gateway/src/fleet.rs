@@ -116,11 +116,6 @@ impl Fleet {
         self.disagg.insert(pool, (slot, planner));
     }
 
-    /// Whether `pool` splits requests (it has a prefill side).
-    pub(crate) fn disaggregated(&self, pool: PoolId) -> bool {
-        self.disagg.contains_key(&pool)
-    }
-
     /// Plans one request of a disaggregated pool (`kvgate_router::Disagg`):
     /// served whole on a decode replica, or split, booked on both sides.
     /// `None` when the pool has no prefill side.

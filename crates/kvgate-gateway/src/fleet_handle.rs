@@ -35,11 +35,6 @@ impl FleetHandle {
         self.with(|f| f.route(pool, req, now))
     }
 
-    /// Whether `pool` splits requests ([`Fleet::disaggregated`]).
-    pub(crate) fn disaggregated(&self, pool: PoolId) -> bool {
-        self.with(|f| f.disaggregated(pool))
-    }
-
     /// Plans one request of a disaggregated pool ([`Fleet::plan`]).
     pub(crate) fn plan(
         &self,

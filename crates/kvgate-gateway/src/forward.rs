@@ -48,7 +48,7 @@ pub(crate) async fn forward(
     // whole on the decode replica it chose, or whole wherever placement
     // decides below.
     let mut planned = None;
-    if fwd.fleet.disaggregated(p.pool) {
+    if p.disaggregated {
         match pd_forward::split(fwd, &p, &fwd_headers, &mut attempts).await {
             Split::Decoded { replica, routed, booking, resp } => {
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -32,6 +32,10 @@ pub(crate) struct Pool {
     pub(crate) loadable: HashMap<String, String>,
     /// Its runtime adapter loads.
     pub(crate) loads: LoadCounts,
+    /// Whether it splits requests between prefill and decode replicas (it
+    /// has a prefill side, `[disagg]`): fixed at start-up, so the request
+    /// path reads it here rather than under the fleet lock.
+    pub(crate) disaggregated: bool,
 }
 
 impl Pool {
@@ -42,6 +46,7 @@ impl Pool {
         model: ModelConfig,
         tokenizer: Arc<TokenizeService>,
         admission: Arc<Admission>,
+        disaggregated: bool,
     ) -> Pool {
         let loadable = model
             .loadable()
@@ -49,7 +54,16 @@ impl Pool {
             .into_iter()
             .map(|(n, p)| (n.to_owned(), p.to_owned()))
             .collect();
-        Pool { id, name, model, tokenizer, admission, loadable, loads: LoadCounts::default() }
+        Pool {
+            id,
+            name,
+            model,
+            tokenizer,
+            admission,
+            loadable,
+            loads: LoadCounts::default(),
+            disaggregated,
+        }
     }
 }
 

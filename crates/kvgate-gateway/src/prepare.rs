@@ -50,6 +50,8 @@ pub(crate) struct Prepared {
     pub(crate) session_key: Option<String>,
     /// The model pool it goes to.
     pub(crate) pool: PoolId,
+    /// That pool splits requests between prefill and decode ([`Pool::disaggregated`]).
+    pub(crate) disaggregated: bool,
     /// The LoRA adapter the request names, if any.
     pub(crate) adapter: Option<String>,
     /// The client's body, byte for byte.
@@ -409,6 +411,7 @@ fn finish(
         stream,
         session_key,
         pool: identity.pool.id,
+        disaggregated: identity.pool.disaggregated,
         adapter: identity.lora.clone(),
         original,
         with_tokens,

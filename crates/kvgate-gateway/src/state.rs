@@ -122,7 +122,7 @@ impl Shared {
                 prefill_sides.push((id, side));
             }
             routers.push(router);
-            pools.push(Arc::new(Pool::new(id, p.name, p.model, tokenizer, admission)));
+            pools.push(Arc::new(Pool::new(id, p.name, p.model, tokenizer, admission, has_prefill)));
         }
         let pools = Arc::new(Pools::new(pools));
         let block_size = config.block_size();

@@ -4,6 +4,7 @@
 mod cli;
 mod config_file;
 mod events_tail;
+mod progress;
 mod replay_cmd;
 mod replay_live;
 mod replay_suite;

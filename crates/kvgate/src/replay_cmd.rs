@@ -8,7 +8,6 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvgate_replay::{
     detect_format, find_load_levels, oracle_hit_rates, parse_messages, parse_mooncake, pool_bounds,
     render_table, run_matrix_pools, wants_pools, write_plots, FleetSpec, FloorModel, Report,
@@ -16,6 +15,7 @@ use kvgate_replay::{
 };
 use kvgate_router::{PolicyKind, RouterConfig};
 
+use crate::progress::Progress;
 use crate::replay_live::{run_live, LiveOptions, LiveRun};
 use kvgate_sim::TimingModel;
 
@@ -382,16 +382,8 @@ fn fleet_spec(args: &ReplayArgs) -> anyhow::Result<FleetSpec> {
     Ok(f)
 }
 
-fn progress_bar(len: u64, what: &str) -> ProgressBar {
-    // indicatif hides itself when stderr is not a terminal.
-    let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
-    if let Ok(style) =
-        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} requests ({elapsed}, eta {eta})")
-    {
-        pb.set_style(style.progress_chars("=> "));
-    }
-    pb.set_message(what.to_owned());
-    pb
+fn progress_bar(len: u64, what: &str) -> Progress {
+    Progress::new(len, what)
 }
 
 /// One workload (or trace) through every policy; `--suite` is

@@ -54,6 +54,10 @@ fn a_fast_comparison_writes_the_documented_json_and_charts() {
     assert!(out.status.success(), "stderr: {}", text(&out.stderr));
     let table = text(&out.stdout);
     assert!(table.contains("kv_aware") && table.contains("round_robin"), "{table}");
+    // stderr is a pipe here: no bar, but the plain progress line at the end
+    // (3 policies × 2 rates × 100 requests).
+    let err = text(&out.stderr);
+    assert!(err.contains("kvgate replay: replaying: 600/600 requests (100 %)"), "{err}");
 
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(doc["mode"], "fast");

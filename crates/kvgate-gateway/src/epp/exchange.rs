@@ -492,6 +492,7 @@ impl Exchange {
 fn unkeyed(body: Bytes) -> Prepared {
     Prepared {
         pool: 0,
+        disaggregated: false,
         route: Route::Completions,
         tokens: None,
         prompt_tokens: 0,
