@@ -79,6 +79,11 @@ pub struct Record {
     /// decoded it; `cached_tokens` is then the prefill replica's hit, as
     /// vLLM's decode side reports it.
     pub split: bool,
+    /// The routers' predicted TTFT, seconds, at the decision: the chosen
+    /// candidate's (a split request's: its prefill hop's plus its decode
+    /// hop's, whose booking expects the KV by transfer). Compared with the
+    /// TTFT measured, it shows where the cost model is wrong.
+    pub predicted_ttft_s: f64,
 }
 
 /// Requests in each replica's engine (running + waiting) at one moment.

@@ -42,7 +42,7 @@ mod workload;
 pub use capacity::{DisaggSpec, FleetSpec, KvMemoryModel};
 pub use error::{LineError, ReplayError};
 pub use fleet::{Fleet, LoadSample, Record};
-pub use metrics::{max_over_mean, DisaggSummary, Distribution, RunSummary};
+pub use metrics::{max_over_mean, DisaggSummary, Distribution, PlanTtft, RunSummary};
 pub use oracle::{oracle_hit_rates, oracle_hit_rates_of, FloorModel, OracleHitRates, PooledLru};
 pub use plots::{line_chart, write_plots, Line};
 pub use pools::{combined_oracle, pool_bounds, wants_pools, PoolBound, PoolRun, PoolRunStat};

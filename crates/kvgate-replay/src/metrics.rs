@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::fleet::{Fleet, LoadSample};
+use crate::fleet::{Fleet, LoadSample, Record};
 use crate::oracle::OracleHitRates;
 
 /// Mean and nearest-rank percentiles.
@@ -94,11 +94,11 @@ pub struct RunSummary {
     pub makespan_s: f64,
     /// Wall-clock seconds the run took.
     pub wall_s: f64,
-    /// TTFT of every served request, seconds (for charts).
     /// A prefill/decode fleet's plans and transfers; absent on an
     /// aggregated fleet.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disagg: Option<DisaggSummary>,
+    /// TTFT of every served request, seconds (for charts).
     #[serde(skip)]
     pub ttft_s: Vec<f64>,
     /// Per-replica load over time (for charts).
@@ -130,6 +130,38 @@ pub struct DisaggSummary {
     pub transfer_ms: Distribution,
     /// Mean tokens per transfer (what the decode replica lacked).
     pub transfer_tokens_mean: f64,
+    /// TTFT of the split requests, measured against predicted.
+    pub split_ttft: PlanTtft,
+    /// TTFT of the bypassed requests, measured against predicted.
+    pub bypassed_ttft: PlanTtft,
+}
+
+/// One kind of plan's mean TTFT as measured and as the routers predicted it
+/// when they planned (a split: prefill hop plus decode hop). Where they part,
+/// the cost model misses something: on a decode pool short of KV memory,
+/// the wait for free blocks (docs/benchmarks.md, issue 24).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PlanTtft {
+    /// Requests of this plan that got a first token.
+    pub requests: u64,
+    /// Their mean TTFT, milliseconds.
+    pub measured_ms: f64,
+    /// Their mean predicted TTFT, milliseconds.
+    pub predicted_ms: f64,
+}
+
+impl PlanTtft {
+    fn of<'a>(records: impl Iterator<Item = &'a Record>) -> PlanTtft {
+        let (mut n, mut measured, mut predicted) = (0u64, 0.0, 0.0);
+        for r in records {
+            let Some(first) = r.first_token_at else { continue };
+            n += 1;
+            measured += first.saturating_sub(r.arrival).as_secs_f64();
+            predicted += r.predicted_ttft_s;
+        }
+        let per = 1000.0 / n.max(1) as f64;
+        PlanTtft { requests: n, measured_ms: measured * per, predicted_ms: predicted * per }
+    }
 }
 
 impl DisaggSummary {
@@ -143,6 +175,10 @@ impl DisaggSummary {
             bypass_rate: counts.bypass_rate(),
             transfer_ms: Distribution::of(&mut ms),
             transfer_tokens_mean: fleet.transfers.iter().map(|t| t.0 as f64).sum::<f64>() / n,
+            split_ttft: PlanTtft::of(fleet.records.iter().filter(|r| r.split)),
+            bypassed_ttft: PlanTtft::of(
+                fleet.records.iter().filter(|r| !r.split && r.replica.is_some()),
+            ),
         })
     }
 }

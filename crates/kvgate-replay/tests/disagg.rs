@@ -79,6 +79,15 @@ fn conditional_bypasses_some_requests_and_loses_none() {
     assert_eq!(d.split, fleet.transfers.len() as u64);
     // Bypassed requests were served whole on a decode replica.
     assert!(fleet.records.iter().filter(|r| !r.split).all(|r| r.replica.unwrap() >= 2));
+    // Each plan's TTFT is reported as measured and as predicted, per request
+    // of that plan; on this lightly loaded fleet with ample KV memory the
+    // cost model is close (a split: prefill hop + decode hop).
+    assert_eq!((d.split_ttft.requests, d.bypassed_ttft.requests), (d.split, d.bypassed));
+    for t in [d.split_ttft, d.bypassed_ttft] {
+        assert!(t.measured_ms > 0.0 && t.predicted_ms > 0.0, "{t:?}");
+        let off = (t.predicted_ms - t.measured_ms).abs() / t.measured_ms;
+        assert!(off < 0.5, "predicted {t:?} off by {off:.2}");
+    }
     for e in fleet.engine_stats() {
         assert_eq!(e.kv_usage, 0.0);
     }

@@ -75,6 +75,7 @@ impl Fleet {
                     return self.unserved_record(rec);
                 };
                 rec.routed_cached_blocks = routed.cached_blocks;
+                rec.predicted_ttft_s = routed.predicted_ttft_s;
                 if self.start(g, i as u64, tokens, output_tokens, at, false) {
                     rec.replica = Some(g);
                     self.bookings.insert(i, (1, routed.booking));
@@ -91,6 +92,7 @@ impl Fleet {
                 };
                 rec.routed_cached_blocks = prefill.cached_blocks;
                 rec.split = true;
+                rec.predicted_ttft_s = prefill.predicted_ttft_s + decode.predicted_ttft_s;
                 let hop_tokens = tokens.clone();
                 if self.start(pg, i as u64 | PREFILL_HOP, hop_tokens, 1, at, true) {
                     rec.replica = Some(dg);
