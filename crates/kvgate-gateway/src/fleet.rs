@@ -375,6 +375,8 @@ impl Fleet {
         s.ever_seen = true;
         s.failures = 0;
         s.down_since = None;
+        let pool = t.model_pool;
+        let mut transferred = None;
         match &scrape {
             Ok(e) => {
                 if let Some(bs) = e.block_size.filter(|&b| b != t.block_size) {
@@ -384,11 +386,16 @@ impl Fleet {
                     );
                     s.problem(&t.name, p);
                 }
+                let before = s.engine.as_ref().and_then(|prev| prev.transfers);
+                transferred = e.transfers.zip(before).and_then(|(now, was)| now.since(&was));
                 s.engine = Some(e.clone());
             }
             Err(err) => s.last_error = Some(err.clone()),
         }
         self.sync(id, now);
+        if let Some((bytes, seconds)) = transferred {
+            self.observe_transfer(pool, bytes, seconds);
+        }
         let Ok(e) = scrape else { return 0 };
         let report = EngineReport {
             running: e.running,
@@ -433,6 +440,21 @@ impl Fleet {
             );
         }
         dropped
+    }
+
+    /// KV pulled by a decode replica of `pool` since its last scrape
+    /// (vLLM's NIXL series): it calibrates the pool's transfer rate, which
+    /// otherwise stays at `disagg.bandwidth_gbps`.
+    fn observe_transfer(&mut self, pool: PoolId, bytes: f64, seconds: f64) {
+        let Some((_, planner)) = self.disagg.get_mut(&pool) else { return };
+        let per_token = planner.config().kv_bytes_per_token.max(1) as f64;
+        planner.observe_transfer((bytes / per_token).round() as u64, seconds);
+    }
+
+    /// The calibrated seconds per transferred token of `pool`'s planner;
+    /// `None` when it is not disaggregated.
+    pub(crate) fn transfer_s_per_token(&self, pool: PoolId) -> Option<f64> {
+        self.disagg.get(&pool).map(|(_, planner)| planner.transfer_s_per_token())
     }
 
     /// A probe or a request to `id` failed.

@@ -60,7 +60,7 @@ impl FleetView {
             ..FleetSnapshot::default()
         };
         (out.peers, out.peer_targets) = (peers, peer_targets);
-        for (router, pool) in fleet.routers().iter().zip(self.pools.all()) {
+        for (id, (router, pool)) in fleet.routers().iter().zip(self.pools.all()).enumerate() {
             let m = router.metrics();
             let decisions = [&m.routed, &m.waits, &m.rejected].map(|c| c.load(Ordering::Relaxed));
             let ledger = router.ledger_totals();
@@ -81,6 +81,7 @@ impl FleetView {
                 adapter_loads: m.adapter_loads.load(Ordering::Relaxed),
                 adapter_runtime_loads: [&pool.loads.loaded, &pool.loads.failed]
                     .map(|c| c.load(Ordering::Relaxed)),
+                transfer_s_per_token: fleet.transfer_s_per_token(id),
             });
         }
         for r in replicas {

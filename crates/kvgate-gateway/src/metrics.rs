@@ -636,6 +636,17 @@ impl SnapshotCollector {
             "LoRA adapters loaded onto an engine through its runtime API, by outcome",
             runtime,
         )?;
+        let transfer = pools
+            .iter()
+            .filter_map(|p| Some(([("pool", p.name.as_str())], p.transfer_s_per_token?)));
+        gauges(
+            enc,
+            "pool_kv_transfer_per_token",
+            "A disaggregated pool's KV transfer time per token, as calibrated from its decode \
+             replicas' NIXL metrics (the configured bandwidth until they report)",
+            Some(&Unit::Seconds),
+            transfer,
+        )?;
         let info =
             pools.iter().map(|p| ([("pool", p.name.as_str()), ("model", p.model.as_str())], 1u64));
         gauges(enc, "pool_info", "1 per model pool, with the model it serves", None, info)?;
@@ -1019,6 +1030,7 @@ mod tests {
                 decisions: [10, 2, 1],
                 adapter_loads: 4,
                 adapter_runtime_loads: [1, 0],
+                transfer_s_per_token: Some(4.0e-6),
             }],
         }
     }
@@ -1098,6 +1110,8 @@ mod tests {
                 "kvgate_pool_adapter_loads_total{pool=\"default\"} 4",
                 "kvgate_pool_adapter_runtime_loads_total{pool=\"default\",outcome=\"loaded\"} 1",
                 "kvgate_pool_info{pool=\"default\",model=\"m\"} 1",
+                "# UNIT kvgate_pool_kv_transfer_per_token_seconds seconds",
+                "kvgate_pool_kv_transfer_per_token_seconds{pool=\"default\"} 0.000004",
                 "kvgate_replica_pool{replica=\"a\",pool=\"default\"} 1",
                 r#"kvgate_decisions_total{outcome="routed"} 10"#,
                 r#"kvgate_decisions_total{outcome="wait"} 2"#,

@@ -101,6 +101,38 @@ pub(crate) struct EngineScrape {
     pub(crate) timing: Option<EngineTiming>,
     /// `vllm:lora_requests_info`, when the engine serves adapters.
     pub(crate) lora: Option<LoraScrape>,
+    /// KV received from prefill replicas, when the engine's NIXL connector
+    /// reports it (a decode replica of a disaggregated pool).
+    pub(crate) transfers: Option<TransferTotals>,
+}
+
+/// NIXL's cumulative transfer series (vLLM 0.33
+/// `distributed/kv_transfer/kv_connector/v1/nixl/stats.py`), summed over
+/// engines: `vllm:nixl_xfer_time_seconds` (each pull's duration) and
+/// `vllm:nixl_bytes_transferred`. Their differences between two scrapes
+/// give the link's seconds per byte, which calibrates the planner's
+/// transfer rate (`Fleet::probe_succeeded`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct TransferTotals {
+    /// Transfers (`vllm:nixl_xfer_time_seconds_count`).
+    pub(crate) count: f64,
+    /// Seconds spent in them (`vllm:nixl_xfer_time_seconds_sum`).
+    pub(crate) seconds: f64,
+    /// Bytes moved (`vllm:nixl_bytes_transferred_sum`).
+    pub(crate) bytes: f64,
+}
+
+impl TransferTotals {
+    /// Bytes and seconds of the transfers since `earlier`; `None` when
+    /// there were none, or a counter went back (the engine restarted).
+    pub(crate) fn since(&self, earlier: &TransferTotals) -> Option<(f64, f64)> {
+        let (n, s, b) = (
+            self.count - earlier.count,
+            self.seconds - earlier.seconds,
+            self.bytes - earlier.bytes,
+        );
+        (n > 0.0 && s >= 0.0 && b > 0.0).then_some((b, s))
+    }
 }
 
 /// The engine's LoRA slots, from `vllm:lora_requests_info`: vLLM sets a new
@@ -207,6 +239,7 @@ pub(crate) fn parse_rank_metrics(text: &str, rank: Option<u32>) -> Result<Engine
     let mut seen_load = false;
     let (mut usage_sum, mut usage_n) = (0.0, 0u32);
     let mut timing = TimingSeries::default();
+    let mut transfers: Option<TransferTotals> = None;
     let rank = rank.map(|r| r.to_string());
     let mine = |s: &Sample<'_>| match (&rank, s.labels.get("engine")) {
         (Some(want), Some(engine)) => engine == want,
@@ -246,6 +279,15 @@ pub(crate) fn parse_rank_metrics(text: &str, rank: Option<u32>) -> Result<Engine
                 out.num_gpu_blocks = num("num_gpu_blocks");
                 out.num_cpu_blocks = num("num_cpu_blocks").filter(|&n| n > 0);
             }
+            "vllm:nixl_xfer_time_seconds_count" => {
+                transfers.get_or_insert_default().count += v.min(1e18);
+            }
+            "vllm:nixl_xfer_time_seconds_sum" => {
+                transfers.get_or_insert_default().seconds += v.min(1e18);
+            }
+            "vllm:nixl_bytes_transferred_sum" => {
+                transfers.get_or_insert_default().bytes += v.min(1e18);
+            }
             "vllm:lora_requests_info" if out.lora.as_ref().is_none_or(|l| v >= l.at) => {
                 out.lora = lora_of(&s.labels, v).or(out.lora.take());
             }
@@ -259,6 +301,7 @@ pub(crate) fn parse_rank_metrics(text: &str, rank: Option<u32>) -> Result<Engine
         out.kv_usage = usage_sum / f64::from(usage_n);
     }
     out.timing = timing.totals(out.prefix_hits);
+    out.transfers = transfers;
     Ok(out)
 }
 
@@ -288,6 +331,33 @@ vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 5.0
 vllm:time_to_first_token_seconds_count{model_name="m"} 5.0
 vllm:time_to_first_token_seconds_sum{model_name="m"} 1.5
 "#;
+
+    /// vLLM 0.33's NIXL series (a decode replica pulling KV), summed over
+    /// engines; an engine without them reports no transfers.
+    #[test]
+    fn nixl_transfer_series_are_summed_over_engines() {
+        assert_eq!(parse_engine_metrics(VLLM).unwrap().transfers, None);
+        let text = format!(
+            "{VLLM}# TYPE vllm:nixl_xfer_time_seconds histogram\n\
+             vllm:nixl_xfer_time_seconds_bucket{{engine=\"0\",le=\"0.1\",model_name=\"m\"}} 3.0\n\
+             vllm:nixl_xfer_time_seconds_count{{engine=\"0\",model_name=\"m\"}} 3.0\n\
+             vllm:nixl_xfer_time_seconds_sum{{engine=\"0\",model_name=\"m\"}} 0.25\n\
+             vllm:nixl_xfer_time_seconds_count{{engine=\"1\",model_name=\"m\"}} 1.0\n\
+             vllm:nixl_xfer_time_seconds_sum{{engine=\"1\",model_name=\"m\"}} 0.05\n\
+             # TYPE vllm:nixl_bytes_transferred histogram\n\
+             vllm:nixl_bytes_transferred_count{{engine=\"0\",model_name=\"m\"}} 3.0\n\
+             vllm:nixl_bytes_transferred_sum{{engine=\"0\",model_name=\"m\"}} 3.0e9\n\
+             vllm:nixl_bytes_transferred_sum{{engine=\"1\",model_name=\"m\"}} 1.0e9\n"
+        );
+        let t = parse_engine_metrics(&text).unwrap().transfers.unwrap();
+        assert_eq!((t.count, t.bytes), (4.0, 4.0e9));
+        assert!((t.seconds - 0.3).abs() < 1e-12);
+        let earlier = TransferTotals { count: 2.0, seconds: 0.1, bytes: 1.0e9 };
+        let (bytes, secs) = t.since(&earlier).unwrap();
+        assert_eq!(bytes, 3.0e9);
+        assert!((secs - 0.2).abs() < 1e-12);
+        assert_eq!(t.since(&t), None, "no transfer since");
+    }
 
     #[test]
     fn lora_slots_come_from_the_newest_info_sample() {

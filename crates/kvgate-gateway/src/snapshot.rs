@@ -143,6 +143,10 @@ pub struct PoolSnapshot {
     pub adapter_loads: u64,
     /// Runtime adapter loads through the engines' API: done, failed.
     pub adapter_runtime_loads: [u64; 2],
+    /// A disaggregated pool's KV transfer time per token, seconds, as
+    /// calibrated from its decode replicas' NIXL metrics (the configured
+    /// bandwidth until they report); `None` for other pools.
+    pub transfer_s_per_token: Option<f64>,
 }
 
 /// A peer kvgate instance this one hears from.

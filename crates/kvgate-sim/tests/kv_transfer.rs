@@ -89,6 +89,17 @@ async fn a_prefill_hop_hands_its_kv_to_a_decode_hop() {
         .await
         .unwrap();
     assert_eq!(answered["answered"], json!([params]));
+    // The receipt is one NIXL transfer on the decode side (vLLM's series):
+    // 699 tokens × 114,688 bytes, in 699 × 114,688 ÷ 64e9 s of model time,
+    // reported in wall seconds (÷ speedup 50). The prefill side pulled none.
+    let text = reqwest::get(format!("{}/metrics", d.url())).await.unwrap().text().await.unwrap();
+    assert_eq!(scrape(&text, "vllm:nixl_xfer_time_seconds_count"), Some(1.0));
+    assert_eq!(scrape(&text, "vllm:nixl_bytes_transferred_sum"), Some(699.0 * 114_688.0));
+    let secs = scrape(&text, "vllm:nixl_xfer_time_seconds_sum").unwrap();
+    let want = 699.0 * 114_688.0 / 64e9 / 50.0;
+    assert!((secs / want - 1.0).abs() < 1e-3, "{secs} vs {want}");
+    let text = reqwest::get(format!("{}/metrics", p.url())).await.unwrap().text().await.unwrap();
+    assert_eq!(scrape(&text, "vllm:nixl_xfer_time_seconds_count"), Some(0.0));
     // The lease ends: the prefill side frees the blocks (they stay cached).
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(kv_usage(&p).await, 0.0);

@@ -86,6 +86,11 @@ async fn the_prefill_answer_reaches_the_decode_hop_unchanged() {
     let (p, d) = (pd_sim(&["--speedup", "20"]), pd_sim(&["--speedup", "20"]));
     let gw = serve(&[spec(&p, "p", "prefill"), spec(&d, "d", "decode")]);
     support::wait_ready(&gw.base).await;
+    // Before any transfer, the configured link: 114,688 bytes per token
+    // over 64 GB/s.
+    let prior = 114_688.0 / 64e9;
+    let gauge = "kvgate_pool_kv_transfer_per_token_seconds";
+    assert_eq!(metric_with(&gw.base, gauge, "pool=\"default\"").await, prior);
 
     // A streamed token-id completion.
     let body = token_completion(&prompt(900, 1), 12, true);
@@ -111,6 +116,20 @@ async fn the_prefill_answer_reaches_the_decode_hop_unchanged() {
     assert_eq!(got, answered["answered"][1]);
     let split = metric_with(&gw.base, "kvgate_disagg_plans_total", "plan=\"split\"").await;
     assert_eq!(split, 2.0);
+
+    // The decode sim reports its pulls as vLLM's NIXL series, in wall time
+    // (20× faster than the model's link at --speedup 20): the gateway's
+    // transfer rate leaves its prior (114,688 bytes per token over 64 GB/s)
+    // for the faster one it observed.
+    let t0 = Instant::now();
+    loop {
+        let rate = metric_with(&gw.base, gauge, "pool=\"default\"").await;
+        if rate > 0.0 && rate < prior * 0.99 {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "the transfer rate stayed at {rate}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -263,3 +263,48 @@ fn loads_go_to_the_healthy_replica_with_the_most_room() {
     assert_eq!(pick_target(c), Some(ReplicaId(3)));
     assert_eq!(pick_target([(ReplicaId(1), Health::Degraded, 0, 0)]), None);
 }
+
+/// A decode replica's NIXL series calibrate its pool's transfer rate: each
+/// scrape's difference (bytes and seconds since the previous one) is one
+/// observation; a counter that goes back (the engine restarted) is none.
+#[test]
+fn nixl_transfer_series_calibrate_the_pools_transfer_rate() {
+    use crate::scrape::TransferTotals;
+    use kvgate_router::{Disagg, DisaggConfig, DisaggMode};
+    let t0 = Instant::now();
+    let mut f = fleet();
+    let side = Router::new(RouterConfig::default(), Default::default()).unwrap();
+    // 262,144 bytes per token over 64 GB/s: 4.1 µs per token configured.
+    let config = DisaggConfig {
+        mode: DisaggMode::Conditional,
+        kv_bytes_per_token: 262_144,
+        bandwidth_bytes_per_s: 64e9,
+    };
+    f.add_prefill_side(0, side, Disagg::new(config.clone()));
+    let prior = config.prior_s_per_token();
+    assert_eq!(f.transfer_s_per_token(0), Some(prior));
+    let id = f.add("d", 0, BS, true, 0).unwrap();
+    // The link is really 16 GB/s: 16.4 µs per token, 4× the prior.
+    let mut totals = TransferTotals::default();
+    let probe = |f: &mut Fleet, totals: TransferTotals, at: u64| {
+        let s = EngineScrape { transfers: Some(totals), ..scrape() };
+        f.probe_succeeded(id, Ok(s), ms(t0, at));
+    };
+    probe(&mut f, totals, 0);
+    assert_eq!(f.transfer_s_per_token(0), Some(prior), "one scrape is no difference yet");
+    for n in 1..=20u64 {
+        let tokens = 5_000.0 * n as f64;
+        totals.count += 3.0;
+        totals.bytes += tokens * 262_144.0;
+        totals.seconds += tokens * 262_144.0 / 16e9;
+        probe(&mut f, totals, n * 1_000);
+    }
+    let calibrated = f.transfer_s_per_token(0).unwrap();
+    let truth = 262_144.0 / 16e9;
+    assert!((calibrated / truth - 1.0).abs() < 0.01, "{calibrated} vs {truth}");
+    // A restart: the counters start again from 0; that scrape teaches nothing.
+    probe(&mut f, TransferTotals { count: 1.0, seconds: 9.0, bytes: 1.0 }, 30_000);
+    assert_eq!(f.transfer_s_per_token(0), Some(calibrated));
+    // Pools that do not split have no transfer rate.
+    assert_eq!(fleet().transfer_s_per_token(0), None);
+}

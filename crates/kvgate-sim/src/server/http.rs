@@ -636,6 +636,10 @@ async fn generate(
             let missing = prompt_len.saturating_sub(1).saturating_sub(have) as u64;
             let wait = kv.transfer_time(missing).div_f64(state.config.speedup);
             tokio::time::sleep(wait).await;
+            if missing > 0 {
+                let bytes = missing as f64 * kv.kv_bytes_per_token as f64;
+                state.rank_metrics[rank].record_transfer(wait.as_secs_f64(), bytes);
+            }
             Hop::Decode
         }
         _ => Hop::Whole,

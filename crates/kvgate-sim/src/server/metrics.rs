@@ -14,6 +14,7 @@ mod histogram;
 mod lora;
 mod observed;
 mod scrape;
+mod transfers;
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +32,7 @@ pub(crate) use lora::render_info as render_lora_info;
 use lora::LoraInfo;
 use observed::Observed;
 pub use scrape::{scrape, scrape_histogram, scrape_labeled, HistogramTotals};
+use transfers::Transfers;
 
 /// Shared between the driver (writer) and `/metrics` (reader).
 #[derive(Debug)]
@@ -40,6 +42,9 @@ pub struct Metrics {
     tokenizations: AtomicU64,
     /// Behind `vllm:lora_requests_info` (see `metrics/lora.rs`).
     lora: Mutex<LoraInfo>,
+    /// KV received from prefill replicas, with a KV connector configured
+    /// (`metrics/transfers.rs`); `None` without one.
+    transfers: Mutex<Option<Transfers>>,
 }
 
 impl Default for Metrics {
@@ -62,6 +67,20 @@ impl Metrics {
             observed: Mutex::new(Observed::new(max_model_len)),
             tokenizations: AtomicU64::new(0),
             lora: Mutex::default(),
+            transfers: Mutex::default(),
+        }
+    }
+
+    /// A KV connector is configured (`--kv-transfer-config`): export its
+    /// transfer series, as vLLM's NIXL connector does.
+    pub(crate) fn enable_kv_transfer(&self) {
+        lock(&self.transfers).get_or_insert_with(Transfers::new);
+    }
+
+    /// One decode hop's receipt of `bytes` of KV in `seconds` (wall).
+    pub(crate) fn record_transfer(&self, seconds: f64, bytes: f64) {
+        if let Some(t) = lock(&self.transfers).as_mut() {
+            t.observe(seconds, bytes);
         }
     }
 
@@ -216,6 +235,9 @@ impl Metrics {
             config.block_size, engine, config.num_cpu_blocks, config.num_gpu_blocks
         );
         lock(&self.observed).render(&mut out, &labels);
+        if let Some(t) = lock(&self.transfers).as_ref() {
+            t.render(&mut out, &labels);
+        }
         out
     }
 }

@@ -327,6 +327,9 @@ pub async fn start(
         if config.lora_enabled() {
             metrics.enable_lora();
         }
+        if config.kv_transfer.is_some() {
+            metrics.enable_kv_transfer();
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         // vLLM stamps a DP engine's batches with its rank.
         let dp_rank = (size > 1).then_some(rank);
