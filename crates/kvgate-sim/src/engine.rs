@@ -627,6 +627,14 @@ impl Engine {
                 };
                 let num_new = r.tokens.len().saturating_sub(hit_tokens + remote).min(budget);
                 let num_tokens = r.tokens.len() as u64;
+                // Blocked on memory: stop before loading anything, as vLLM
+                // loads a connector's blocks only after `allocate_slots`
+                // succeeds. (Touching them first on every blocked step cost
+                // O(prompt blocks) per step: a fast-mode replay with a long
+                // queue on a full replica spent 98 % of its time there.)
+                if !self.fits(id, num_new, &gpu_hits, n_cpu, remote) {
+                    break;
+                }
                 let loaded = r.hashes.get(gpu_hits.len()..gpu_hits.len() + n_cpu);
                 for h in loaded.unwrap_or_default() {
                     if let Some(cpu) = &mut self.cpu {
@@ -794,6 +802,25 @@ impl Engine {
         (gpu_hits, n_cpu)
     }
 
+    /// Whether [`Engine::allocate`] would find room: the new blocks plus the
+    /// hit blocks it takes off the free queue (those no one else holds).
+    fn fits(
+        &self,
+        id: RequestId,
+        num_new: usize,
+        gpu_hits: &[u32],
+        n_cpu: usize,
+        remote: usize,
+    ) -> bool {
+        let bs = self.block_size;
+        let Some(r) = self.requests.get(&id) else { return false };
+        let computed = r.num_computed + (gpu_hits.len() + n_cpu) * bs + remote;
+        let need = (computed + num_new).div_ceil(bs);
+        let new_blocks = need.saturating_sub(r.blocks.len() + gpu_hits.len());
+        let evictable_hits = gpu_hits.iter().filter(|&&b| self.gpu.ref_cnt(b) == 0).count();
+        new_blocks + evictable_hits <= self.gpu.num_free()
+    }
+
     /// vLLM's `allocate_slots`: room for `num_new` more tokens after the hits
     /// (GPU hit blocks, `n_cpu` blocks loaded from the CPU tier and `remote`
     /// tokens received from a prefill replica), then registration of every
@@ -808,6 +835,9 @@ impl Engine {
         remote: usize,
         events: &mut Vec<Event>,
     ) -> bool {
+        if !self.fits(id, num_new, gpu_hits, n_cpu, remote) {
+            return false;
+        }
         let bs = self.block_size;
         let Some(r) = self.requests.get_mut(&id) else { return false };
         let computed = r.num_computed + (gpu_hits.len() + n_cpu) * bs + remote;
@@ -815,10 +845,6 @@ impl Engine {
         let need = total.div_ceil(bs);
         let have = r.blocks.len() + gpu_hits.len();
         let new_blocks = need.saturating_sub(have);
-        let evictable_hits = gpu_hits.iter().filter(|&&b| self.gpu.ref_cnt(b) == 0).count();
-        if new_blocks + evictable_hits > self.gpu.num_free() {
-            return false;
-        }
         for &b in gpu_hits {
             self.gpu.touch(b);
             r.blocks.push(b);
