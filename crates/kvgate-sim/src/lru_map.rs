@@ -81,6 +81,12 @@ impl<V> LruMap<V> {
         self.map.keys()
     }
 
+    /// The keys, least recently used first.
+    #[cfg(test)]
+    pub(crate) fn keys_by_age(&self) -> Vec<Hash32> {
+        self.lru.iter().filter_map(|s| self.slots[s as usize].as_ref().map(|(k, _)| *k)).collect()
+    }
+
     pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
         self.slots.iter().flatten().map(|(_, v)| v)
     }

@@ -347,3 +347,57 @@ fn chunked_offload_re_announces_a_shared_prefix_and_evicts_whole_chunks() {
     assert!(!held.contains(&one[0].1[1]));
     assert_eq!(held.len(), 4);
 }
+
+/// A waiting request that does not fit in GPU memory loads nothing: its
+/// prefix blocks on the CPU tier keep their age until it is admitted (vLLM
+/// loads a connector's blocks only after `allocate_slots` succeeds), and
+/// then they are the most recently used.
+#[test]
+fn a_request_blocked_on_memory_does_not_touch_its_cpu_blocks() {
+    let c = EngineConfig { num_cpu_blocks: 8, ..cfg(5) };
+    let mut e = Engine::new(c).unwrap();
+    let a: Vec<u32> = (0..9).collect();
+    e.add_request(1, a.clone(), 1, 0, true, Duration::ZERO).unwrap();
+    run_to_end(&mut e);
+    // A 15-token prompt evicts request 1's two full blocks to the CPU tier.
+    e.add_request(2, (100..115).collect(), 1, 0, true, Duration::ZERO).unwrap();
+    run_to_end(&mut e);
+    // Request 3 holds 4 of the 5 GPU blocks while it decodes (13 + 3 tokens),
+    // evicting request 2's blocks to the CPU tier after request 1's.
+    e.add_request(3, (200..213).collect(), 3, 3, true, Duration::ZERO).unwrap();
+    let mut now = Duration::ZERO;
+    now += e.step(now).duration;
+    // Request 1's prompt again: 2 blocks on the CPU tier, 3 needed, 1 free.
+    e.add_request(4, a, 1, 0, true, now).unwrap();
+    let mut prefix: Vec<Hash32> = e.requests[&4].hashes[..2].to_vec();
+    prefix.sort();
+    let age = |e: &Engine| e.cpu.as_ref().unwrap().keys_by_age();
+    // The two oldest entries (in either order: eviction goes tail first).
+    let oldest_first = |e: &Engine| {
+        let mut two = age(e)[..2].to_vec();
+        two.sort();
+        two
+    };
+    assert_eq!(oldest_first(&e), prefix, "request 1's blocks went to the CPU tier first");
+    assert!(age(&e).len() > 2, "request 2's blocks followed them");
+    for _ in 0..2 {
+        now += e.step(now).duration;
+        assert!(e.waiting.contains(&4), "request 4 should be blocked on memory");
+        assert_eq!(oldest_first(&e), prefix, "a blocked request touched its CPU blocks");
+    }
+    // Once request 3 ends, request 4 is admitted and loads them: they are
+    // no longer the oldest, and they serve its prefix.
+    let (mut guard, mut toks) = (0, Vec::new());
+    while e.waiting.contains(&4) {
+        let out = e.step(now);
+        now += out.duration;
+        toks.extend(out.tokens);
+        guard += 1;
+        assert!(guard < 1_000, "request 4 was never admitted");
+    }
+    assert_ne!(oldest_first(&e), prefix, "admitted, it loaded them");
+    assert!(prefix.iter().all(|h| age(&e).contains(h)));
+    toks.extend(run_to_end(&mut e).0);
+    let first = toks.iter().find(|t| t.request_id == 4).unwrap();
+    assert_eq!(first.cached_tokens, 8);
+}
