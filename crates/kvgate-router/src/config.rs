@@ -96,6 +96,11 @@ pub enum Selection {
     /// chose least recently: near-ties rotate instead of being drawn.
     #[default]
     Rotate,
+    /// Among candidates within `epsilon` of the best, the one recently given
+    /// the least prefill work (the decayed per-replica work the future-work
+    /// charge keeps), the least recently chosen among equals: near-ties
+    /// rotate by tokens, not by count.
+    Balance,
 }
 
 /// What happens when every replica is over its busy thresholds.
@@ -261,7 +266,7 @@ pub struct RouterConfig {
     pub policy: PolicyKind,
     /// How costs become a choice (cost-based policies).
     pub selection: Selection,
-    /// Relative cost band treated as a tie (`selection = "rotate"` or `"epsilon"`).
+    /// Relative cost band treated as a tie (`selection = "rotate"`, `"balance"` or `"epsilon"`).
     pub epsilon: f64,
     /// Softmax temperature, relative to the best cost (`selection = "softmax"`).
     pub temperature: f64,

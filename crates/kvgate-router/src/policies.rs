@@ -35,7 +35,13 @@ impl Router {
                 costs.extend(eligible.iter().map(|&i| (i, cands[i].score)));
                 let c = &self.config;
                 let last = &self.last_chosen;
-                let recency = |i: usize| last.get(cands[i].replica.index()).copied().unwrap_or(0);
+                let attraction = &self.attraction;
+                let balance = c.selection == crate::config::Selection::Balance;
+                let order = |i: usize| {
+                    let slot = cands[i].replica.index();
+                    let work = if balance { attraction.share(slot) } else { 0.0 };
+                    (work, last.get(slot).copied().unwrap_or(0))
+                };
                 let cached = |i: usize| {
                     let c = &cands[i];
                     c.overlap_blocks.iter().sum::<u32>() + c.tentative_blocks
@@ -46,7 +52,7 @@ impl Router {
                     c.epsilon,
                     c.temperature,
                     &mut self.rng,
-                    recency,
+                    order,
                     cached,
                 );
                 self.scratch_costs = costs;
@@ -136,7 +142,7 @@ impl Router {
             0.0,
             1.0,
             &mut self.rng,
-            |_| 0,
+            |_| (0.0, 0),
             |_| 0,
         )
         .map(|(i, _)| (i, Reason::LowestCost));

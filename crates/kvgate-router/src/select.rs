@@ -9,8 +9,9 @@ use crate::config::Selection;
 use crate::explain::Reason;
 
 /// Picks among `costs` (index, cost), lowest is best. `None` when empty.
-/// `last_chosen(index)` orders near-ties for `Selection::Rotate` (smaller:
-/// chosen longer ago). `cached(index)` is the prefix a candidate already
+/// `order(index)` orders near-ties for `Selection::Rotate` and
+/// `Selection::Balance`, smallest first: (recent work, last chosen); the
+/// caller gives 0 work for `Rotate`. `cached(index)` is the prefix a candidate already
 /// holds: near-ties are only those that hold the most of it among the
 /// near band, so a replica that would recompute a prefix another one holds
 /// is chosen only when it is clearly cheaper, never by rotation. With no
@@ -22,7 +23,7 @@ pub(crate) fn pick_cost(
     epsilon: f64,
     temperature: f64,
     rng: &mut SmallRng,
-    last_chosen: impl Fn(usize) -> u64,
+    order: impl Fn(usize) -> (f64, u64),
     cached: impl Fn(usize) -> u32,
 ) -> Option<(usize, Reason)> {
     let best = costs.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
@@ -33,16 +34,19 @@ pub(crate) fn pick_cost(
         return Some((costs[0].0, Reason::Only));
     }
     match selection {
-        Selection::Epsilon | Selection::Rotate => {
+        Selection::Epsilon | Selection::Rotate | Selection::Balance => {
             // A tiny absolute slack keeps exact ties (zero costs) a tie.
             let band = best + best.abs() * epsilon + 1e-12;
             let most = costs.iter().filter(|c| c.1 <= band).map(|c| cached(c.0)).max()?;
             let mut near = costs.iter().filter(|c| c.1 <= band && cached(c.0) == most);
             let n = near.clone().count();
-            let chosen = if selection == Selection::Rotate {
-                near.min_by_key(|c| last_chosen(c.0))
-            } else {
+            let chosen = if selection == Selection::Epsilon {
                 near.nth(rng.random_range(0..n.max(1)))
+            } else {
+                near.min_by(|a, b| {
+                    let (a, b) = (order(a.0), order(b.0));
+                    a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
+                })
             }?
             .0;
             let reason =
@@ -79,6 +83,14 @@ mod tests {
 
     use super::*;
 
+    /// `Selection::Rotate` with recency `last` and holdings `cached`
+    /// (none: nothing held anywhere).
+    fn rotate(costs: &[(usize, f64)], eps: f64, last: &[u64], cached: &[u32]) -> (usize, Reason) {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let held = |i: usize| cached.get(i).copied().unwrap_or(0);
+        pick_cost(costs, Selection::Rotate, eps, 0.1, &mut rng, |i| (0.0, last[i]), held).unwrap()
+    }
+
     #[test]
     fn epsilon_band_spreads_near_ties_and_keeps_clear_winners() {
         let mut rng = SmallRng::seed_from_u64(1);
@@ -86,13 +98,14 @@ mod tests {
         let mut seen = [0; 3];
         for _ in 0..1000 {
             let (i, _) =
-                pick_cost(&costs, Selection::Epsilon, 0.05, 0.1, &mut rng, |_| 0, |_| 0).unwrap();
+                pick_cost(&costs, Selection::Epsilon, 0.05, 0.1, &mut rng, |_| (0.0, 0), |_| 0)
+                    .unwrap();
             seen[i] += 1;
         }
         assert_eq!(seen[2], 0);
         assert!(seen[0] > 400 && seen[1] > 400, "{seen:?}");
         let (i, r) =
-            pick_cost(&costs, Selection::Epsilon, 0.0, 0.1, &mut rng, |_| 0, |_| 0).unwrap();
+            pick_cost(&costs, Selection::Epsilon, 0.0, 0.1, &mut rng, |_| (0.0, 0), |_| 0).unwrap();
         assert_eq!((i, r), (0, Reason::LowestCost));
     }
 
@@ -102,7 +115,7 @@ mod tests {
         let costs = [(0, 1.0), (1, 1.1)];
         let mut seen = [0; 2];
         for _ in 0..2000 {
-            seen[pick_cost(&costs, Selection::Softmax, 0.0, 0.1, &mut rng, |_| 0, |_| 0)
+            seen[pick_cost(&costs, Selection::Softmax, 0.0, 0.1, &mut rng, |_| (0.0, 0), |_| 0)
                 .unwrap()
                 .0] += 1;
         }
@@ -119,26 +132,25 @@ mod tests {
         }
         assert_eq!(seen[0], 0);
         assert!(seen[1] > 100 && seen[2] > 100);
-        assert_eq!(pick_cost(&[], Selection::Epsilon, 0.1, 0.1, &mut rng, |_| 0, |_| 0), None);
+        assert_eq!(
+            pick_cost(&[], Selection::Epsilon, 0.1, 0.1, &mut rng, |_| (0.0, 0), |_| 0),
+            None
+        );
     }
 
     #[test]
     fn rotate_takes_the_near_tie_chosen_longest_ago() {
-        let mut rng = SmallRng::seed_from_u64(1);
         let costs = [(0, 1.0), (1, 1.01), (2, 2.0), (3, 1.02)];
         let mut last = [0u64; 4];
         let mut seen = Vec::new();
         for n in 1..=6 {
-            let (i, _) =
-                pick_cost(&costs, Selection::Rotate, 0.05, 0.1, &mut rng, |i| last[i], |_| 0)
-                    .unwrap();
+            let (i, _) = rotate(&costs, 0.05, &last, &[]);
             last[i] = n;
             seen.push(i);
         }
         // Never the clear loser; the three near-ties in turn.
         assert_eq!(seen, [0, 1, 3, 0, 1, 3]);
-        let (i, r) =
-            pick_cost(&costs, Selection::Rotate, 0.0, 0.1, &mut rng, |i| last[i], |_| 0).unwrap();
+        let (i, r) = rotate(&costs, 0.0, &last, &[]);
         assert_eq!((i, r), (0, Reason::LowestCost));
     }
 
@@ -149,24 +161,37 @@ mod tests {
     /// the most of the prefix; a clearly cheaper cold replica still wins.
     #[test]
     fn near_ties_do_not_rotate_to_a_replica_that_would_recompute() {
-        let mut rng = SmallRng::seed_from_u64(1);
         let cached = [192u32, 0, 0, 0];
         let costs = [(0, 0.245), (1, 0.2285), (2, 1.0), (3, 1.0)];
         let last = [4u64, 0, 1, 2];
-        let (i, r) =
-            pick_cost(&costs, Selection::Rotate, 0.1, 0.1, &mut rng, |i| last[i], |i| cached[i])
-                .unwrap();
+        let (i, r) = rotate(&costs, 0.1, &last, &cached);
         assert_eq!((i, r), (0, Reason::LowestCost));
         // Outside the band the cold replica is cheaper by more than 10 %: it wins.
         let costs = [(0, 0.30), (1, 0.2285), (2, 1.0), (3, 1.0)];
-        let (i, _) =
-            pick_cost(&costs, Selection::Rotate, 0.1, 0.1, &mut rng, |i| last[i], |i| cached[i])
-                .unwrap();
+        let (i, _) = rotate(&costs, 0.1, &last, &cached);
         assert_eq!(i, 1);
         // Equal holdings (no reuse): near-ties rotate as before.
         let costs = [(0, 1.0), (1, 1.01), (2, 1.02), (3, 2.0)];
-        let (i, _) =
-            pick_cost(&costs, Selection::Rotate, 0.1, 0.1, &mut rng, |i| last[i], |_| 0).unwrap();
+        let (i, _) = rotate(&costs, 0.1, &last, &[]);
         assert_eq!(i, 1);
+    }
+
+    /// `balance` orders near-ties by recent work first: on requests of
+    /// unequal size a count rotation hands the replica that just took a
+    /// long prompt its next turn anyway; by work it waits until the others
+    /// caught up. Exact work ties fall back to the rotation.
+    #[test]
+    fn balance_takes_the_near_tie_given_the_least_work() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let costs = [(0, 1.0), (1, 1.01), (2, 1.02), (3, 2.0)];
+        let last = [1u64, 2, 3, 0];
+        let work = [9000.0, 1000.0, 1000.0, 0.0];
+        let pick = |sel, rng: &mut SmallRng| {
+            pick_cost(&costs, sel, 0.1, 0.1, rng, |i| (work[i], last[i]), |_| 0).unwrap().0
+        };
+        assert_eq!(pick(Selection::Balance, &mut rng), 1, "least work, then longest ago");
+        assert_eq!(rotate(&costs, 0.1, &last, &[]).0, 0, "rotate ignores work");
+        // The clear loser stays out, however little work it was given.
+        assert_ne!(pick(Selection::Balance, &mut rng), 3);
     }
 }
