@@ -208,7 +208,7 @@ pub fn render_table(report: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "{:<15} {:>7} {:>7} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6} {:>8} {:>8} {:>6} {:>7} {:>6} {:>5} {:>8}",
+        "{:<15} {:>7} {:>7} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6} {:>8} {:>8} {:>6} {:>7} {:>7} {:>6} {:>5} {:>8}",
         "policy",
         "rate x",
         "req/s",
@@ -222,6 +222,7 @@ pub fn render_table(report: &Report) -> String {
         "e2e mean",
         "hit",
         "÷oracle",
+        "1st÷orc",
         "imbal",
         "shed",
         "decide µs"
@@ -235,7 +236,7 @@ pub fn render_table(report: &Report) -> String {
         let floor = r.ttft_floor_ms.filter(|f| *f > 0.0).map(|f| r.ttft_ms.mean / f);
         let _ = writeln!(
             s,
-            "{:<15} {:>7.3} {:>7.2} {:>9.1} {:>7.1} {:>7.1} {:>8.1} {:>6} {:>6.1} {:>8.1} {:>8.0} {:>6.3} {:>7.3} {:>6.2} {:>5} {:>8.1}",
+            "{:<15} {:>7.3} {:>7.2} {:>9.1} {:>7.1} {:>7.1} {:>8.1} {:>6} {:>6.1} {:>8.1} {:>8.0} {:>6.3} {:>7.3} {:>7.3} {:>6.2} {:>5} {:>8.1}",
             r.policy,
             r.rate_scale,
             r.rate,
@@ -249,12 +250,13 @@ pub fn render_table(report: &Report) -> String {
             r.e2e_ms.mean,
             r.hit_rate,
             r.hit_rate_vs_oracle,
+            r.first_admission_vs_oracle,
             r.load_imbalance,
             r.unserved,
             r.decision_us.mean
         );
     }
-    s.push_str("(ms; ÷floor = mean TTFT ÷ each request alone on a replica holding its oracle prefix; hit = engine-side hit tokens ÷ queried tokens; imbal = max ÷ mean prefill tokens per replica; shed = requests not served)\n");
+    s.push_str("(ms; ÷floor = mean TTFT ÷ each request alone on a replica holding its oracle prefix; hit = engine-side hit tokens ÷ queried tokens (re-admissions after preemption included); 1st÷orc = hits at first admission ÷ the oracle's; imbal = max ÷ mean prefill tokens per replica; shed = requests not served)\n");
     if let Some(pools) = &report.pools {
         render_pools(&mut s, report, pools);
     }
