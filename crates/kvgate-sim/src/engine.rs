@@ -812,11 +812,8 @@ impl Engine {
         n_cpu: usize,
         remote: usize,
     ) -> bool {
-        let bs = self.block_size;
         let Some(r) = self.requests.get(&id) else { return false };
-        let computed = r.num_computed + (gpu_hits.len() + n_cpu) * bs + remote;
-        let need = (computed + num_new).div_ceil(bs);
-        let new_blocks = need.saturating_sub(r.blocks.len() + gpu_hits.len());
+        let (_, _, new_blocks) = slots(self.block_size, r, num_new, gpu_hits.len(), n_cpu, remote);
         let evictable_hits = gpu_hits.iter().filter(|&&b| self.gpu.ref_cnt(b) == 0).count();
         new_blocks + evictable_hits <= self.gpu.num_free()
     }
@@ -840,11 +837,7 @@ impl Engine {
         }
         let bs = self.block_size;
         let Some(r) = self.requests.get_mut(&id) else { return false };
-        let computed = r.num_computed + (gpu_hits.len() + n_cpu) * bs + remote;
-        let total = computed + num_new;
-        let need = total.div_ceil(bs);
-        let have = r.blocks.len() + gpu_hits.len();
-        let new_blocks = need.saturating_sub(have);
+        let (computed, total, new_blocks) = slots(bs, r, num_new, gpu_hits.len(), n_cpu, remote);
         for &b in gpu_hits {
             self.gpu.touch(b);
             r.blocks.push(b);
@@ -988,6 +981,25 @@ fn offload_chunks(
 /// `BlockRemoved` (GPU) for evicted cached blocks, then their offload to the
 /// CPU tier: CPU `BlockRemoved` for what the tier evicts, CPU `BlockStored`
 /// (placeholder or self-describing) for what it gains.
+/// What `allocate_slots` needs for `num_new` more tokens of `r` after
+/// `hits` GPU hit blocks, `n_cpu` CPU-tier blocks and `remote` received
+/// tokens: (tokens computed before the step, tokens after it, blocks to
+/// take off the free queue). One place for [`Engine::fits`] and
+/// [`Engine::allocate`], which must agree.
+fn slots(
+    bs: usize,
+    r: &Request,
+    num_new: usize,
+    hits: usize,
+    n_cpu: usize,
+    remote: usize,
+) -> (usize, usize, usize) {
+    let computed = r.num_computed + (hits + n_cpu) * bs + remote;
+    let total = computed + num_new;
+    let new_blocks = total.div_ceil(bs).saturating_sub(r.blocks.len() + hits);
+    (computed, total, new_blocks)
+}
+
 fn emit_evictions(
     hasher: &BlockHasher,
     cpu: Option<&mut CpuTier>,
