@@ -85,7 +85,7 @@ impl AdapterLoader {
         let Some(replica) = self.replicas.get(id) else {
             return Err("the chosen replica was removed".into());
         };
-        let url = reqwest::Url::parse(&format!("{}/v1/load_lora_adapter", replica.base))
+        let url = axum::http::Uri::try_from(format!("{}/v1/load_lora_adapter", replica.base))
             .map_err(|e| e.to_string())?;
         let body = serde_json::json!({ "lora_name": name, "lora_path": path }).to_string();
         let req = EngineRequest {

@@ -79,8 +79,8 @@ impl FakeEngines {
     }
 }
 
-fn authority(url: &reqwest::Url) -> String {
-    format!("{}:{}", url.host_str().unwrap_or(""), url.port_or_known_default().unwrap_or(0))
+fn authority(url: &axum::http::Uri) -> String {
+    crate::replica::Replica::endpoint_of(url)
 }
 
 impl EngineClient for FakeEngines {

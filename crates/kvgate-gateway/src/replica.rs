@@ -5,6 +5,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
+use axum::http::Uri;
 use kvgate_events::subscriber::SubscriberMetrics;
 use kvgate_index::ReplicaId;
 use tokio::sync::watch;
@@ -21,8 +22,9 @@ pub(crate) struct Replica {
     /// The URL without a trailing slash.
     pub(crate) base: String,
     /// The engine's chat and completions URLs, parsed once (parsing a URL
-    /// per request was 3 % of a short request's CPU).
-    pub(crate) route_urls: [reqwest::Url; 2],
+    /// per request was 3 % of a short request's CPU). `http::Uri`, what the
+    /// engine client sends on, so nothing is parsed again per request.
+    pub(crate) route_urls: [Uri; 2],
     /// Its `host:port` ([`Replica::endpoint_of`]), made once: the endpoint
     /// picker names and matches replicas by it on every request.
     pub(crate) endpoint: String,
@@ -33,24 +35,27 @@ pub(crate) struct Replica {
 }
 
 impl Replica {
-    /// `base` + each route's path, parsed.
-    pub(crate) fn parse_route_urls(base: &str) -> Result<[reqwest::Url; 2], String> {
+    /// `base` + each route's path, parsed (checked as a URL first, for
+    /// the same errors as everywhere else a URL is read).
+    pub(crate) fn parse_route_urls(base: &str) -> Result<[Uri; 2], String> {
         let parse = |route: Route| {
-            reqwest::Url::parse(&format!("{base}{}", route.path()))
-                .map_err(|e| format!("invalid URL {base}: {e}"))
+            let text = format!("{base}{}", route.path());
+            let url = reqwest::Url::parse(&text).map_err(|e| format!("invalid URL {base}: {e}"))?;
+            Uri::try_from(url.as_str()).map_err(|e| format!("invalid URL {base}: {e}"))
         };
         Ok([parse(Route::Chat)?, parse(Route::Completions)?])
     }
 
     /// The engine's `host:port` in `url`, as a gateway's endpoint list names
     /// it (the endpoint picker's answer; IPv6 hosts in brackets).
-    pub(crate) fn endpoint_of(url: &reqwest::Url) -> String {
-        let port = url.port_or_known_default().unwrap_or(80);
-        format!("{}:{port}", url.host_str().unwrap_or_default())
+    pub(crate) fn endpoint_of(url: &Uri) -> String {
+        let https = url.scheme_str() == Some("https");
+        let port = url.port_u16().unwrap_or(if https { 443 } else { 80 });
+        format!("{}:{port}", url.host().unwrap_or_default())
     }
 
     /// The engine URL for `route`.
-    pub(crate) fn route_url(&self, route: Route) -> &reqwest::Url {
+    pub(crate) fn route_url(&self, route: Route) -> &Uri {
         match route {
             Route::Chat => &self.route_urls[0],
             Route::Completions => &self.route_urls[1],

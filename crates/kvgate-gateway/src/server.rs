@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::engine_client::HttpEngines;
+use crate::engine_client::{Connect, HttpEngines};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -268,11 +268,16 @@ impl Gateway {
         let tokenizers = crate::pool::load_tokenizers(&config.pools())?;
         // TLS files are read and checked before anything listens.
         let server_tls = ServerTls::load(&config.tls).map_err(StartError::Tls)?;
+        let connect = Connect {
+            connect_timeout: Duration::from_millis(config.limits.connect_timeout_ms),
+            idle_timeout: Duration::from_secs(90),
+            tls: crate::tls::client_config(&config.tls).map_err(StartError::Tls)?,
+        };
         let mut client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(config.limits.connect_timeout_ms))
+            .connect_timeout(connect.connect_timeout)
             .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(90));
-        if let Some(c) = crate::tls::client_config(&config.tls).map_err(StartError::Tls)? {
+            .pool_idle_timeout(connect.idle_timeout);
+        if let Some(c) = connect.tls.clone() {
             client = client.use_preconfigured_tls(c);
         }
         let client = client.build().map_err(|e| StartError::Client(e.to_string()))?;
@@ -300,7 +305,8 @@ impl Gateway {
             Some(a) => Some(bind(a).await?),
             None => None,
         };
-        let engines = Arc::new(HttpEngines::new(client.clone()));
+        let engines =
+            Arc::new(HttpEngines::new(client.clone(), connect).map_err(StartError::Client)?);
         let shared = Arc::new(Shared::new(config, tokenizers, engines, client)?);
         for r in shared.config.all_replicas() {
             let name = r.display_name().to_owned();

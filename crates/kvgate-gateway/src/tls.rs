@@ -25,7 +25,7 @@ pub(crate) const ALPN_HTTP1: &[u8] = b"http/1.1";
 /// ALPN of the endpoint picker's gRPC listener.
 pub(crate) const ALPN_H2: &[u8] = b"h2";
 
-fn provider() -> Arc<CryptoProvider> {
+pub(crate) fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 

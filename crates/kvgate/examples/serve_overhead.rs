@@ -242,6 +242,19 @@ fn phase(name: &str) -> bool {
     std::env::var("KVGATE_BENCH_PHASES").map_or(true, |p| p.split(',').any(|x| x.trim() == name))
 }
 
+/// Runs `KVGATE_BENCH_HOOK begin|end PHASE` around a measured phase, if
+/// set: for instance to zero and dump a gateway's counters under callgrind
+/// (`callgrind_control -z` / `-d`), which count instructions where this
+/// machine has no hardware counters and its CPU times are noisy.
+fn hook(what: &str, phase: &str) {
+    if let Ok(cmd) = std::env::var("KVGATE_BENCH_HOOK") {
+        let status = std::process::Command::new("sh")
+            .args(["-c", &format!("{cmd} {what} {phase}")])
+            .status();
+        assert!(status.is_ok_and(|s| s.success()), "KVGATE_BENCH_HOOK failed");
+    }
+}
+
 /// `max_tokens` of the short requests (`KVGATE_BENCH_SHORT_MAX_TOKENS`, 2).
 fn short_max_tokens() -> u32 {
     std::env::var("KVGATE_BENCH_SHORT_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
@@ -350,6 +363,7 @@ async fn main() {
         [1usize, 16].into_iter().enumerate().filter(|(_, c)| phase(&format!("short{c}")))
     {
         let total = n * 4;
+        hook("begin", &format!("short{conc}"));
         let threads0 = cpu_by_thread(&gw_pid_text);
         let c0 = cpu_seconds(gw_pid);
         let t = Instant::now();
@@ -370,6 +384,7 @@ async fn main() {
             t.await.unwrap();
         }
         let wall = t.elapsed().as_secs_f64();
+        hook("end", &format!("short{conc}"));
         short_cpu[k] = ((cpu_seconds(gw_pid) - c0) - idle_rate * wall) / total as f64;
         println!("(short, {conc} at a time: {:.1} µs wall per request)", wall * 1e6 / total as f64);
         if conc == 1 {

@@ -137,7 +137,9 @@ pub async fn wait_ready(client: &reqwest::Client, base: &str) {
     while client.get(format!("{base}/ready")).send().await.map(|r| r.status().is_success()).ok()
         != Some(true)
     {
-        assert!(t0.elapsed() < Duration::from_secs(30), "gateway not ready");
+        // KVGATE_BENCH_READY_SECS: longer for a gateway under valgrind.
+        let limit = std::env::var("KVGATE_BENCH_READY_SECS").ok().and_then(|v| v.parse().ok());
+        assert!(t0.elapsed() < Duration::from_secs(limit.unwrap_or(30)), "gateway not ready");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
