@@ -978,9 +978,6 @@ fn offload_chunks(
     }
 }
 
-/// `BlockRemoved` (GPU) for evicted cached blocks, then their offload to the
-/// CPU tier: CPU `BlockRemoved` for what the tier evicts, CPU `BlockStored`
-/// (placeholder or self-describing) for what it gains.
 /// What `allocate_slots` needs for `num_new` more tokens of `r` after
 /// `hits` GPU hit blocks, `n_cpu` CPU-tier blocks and `remote` received
 /// tokens: (tokens computed before the step, tokens after it, blocks to
@@ -1000,6 +997,9 @@ fn slots(
     (computed, total, new_blocks)
 }
 
+/// `BlockRemoved` (GPU) for evicted cached blocks, then their offload to the
+/// CPU tier: CPU `BlockRemoved` for what the tier evicts, CPU `BlockStored`
+/// (placeholder or self-describing) for what it gains.
 fn emit_evictions(
     hasher: &BlockHasher,
     cpu: Option<&mut CpuTier>,

@@ -340,8 +340,8 @@ fn check(kind: Kind, key: &str, value: &Value) -> Result<Option<usize>> {
 
 /// Validates `message` against one type: its score when valid. Only the
 /// winning type's fields are built ([`keep_as`]): a message is tried
-/// against all seven, and copying its fields for each was a tenth of a
-/// short chat's gateway CPU.
+/// against all seven, and copying its fields for each cost about a quarter
+/// of the validation (~3.5k of ~15k instructions per message).
 fn score_as(kind: Kind, message: &Object) -> Result<Option<usize>> {
     let required: &[&str] = match kind {
         Kind::Developer | Kind::System | Kind::User => &["role", "content"],
