@@ -237,7 +237,8 @@ fn pause_penalty(gap: Duration) -> (f64, f64) {
 }
 
 /// Whether a phase runs: `KVGATE_BENCH_PHASES` lists them (ttft, short1,
-/// short16, long1, long4), all by default; for profiling one at a time.
+/// short16, long1, long4, stream), all by default; for profiling one at a
+/// time.
 fn phase(name: &str) -> bool {
     std::env::var("KVGATE_BENCH_PHASES").map_or(true, |p| p.split(',').any(|x| x.trim() == name))
 }
@@ -489,7 +490,13 @@ async fn main() {
     let stream_rows = if phase("stream") {
         let _ = gw.kill();
         let _ = gw.wait();
-        let slow = start_sims(2, 65_536, 25.0).await;
+        // KVGATE_BENCH_STREAM_SPEEDUP: the fleet's pace (25); slower
+        // fleets put fewer chunks in each read from the engine.
+        let speedup = std::env::var("KVGATE_BENCH_STREAM_SPEEDUP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(25.0);
+        let slow = start_sims(2, 65_536, speedup).await;
         let (port, admin) = free_ports();
         gw = spawn_gateway(&slow, port, admin);
         let pid = gw.id();
@@ -499,6 +506,11 @@ async fn main() {
         let mut rows = Vec::new();
         for (k, max_tokens) in [16u32, 256, 16, 256].into_iter().enumerate() {
             let requests = 64usize;
+            // The second pair is the measured one (the first warmed up).
+            let hooked = (k >= 2).then(|| format!("stream{max_tokens}"));
+            if let Some(h) = &hooked {
+                hook("begin", h);
+            }
             let c0 = cpu_seconds(pid);
             let t = Instant::now();
             let tasks: Vec<_> = (0..16)
@@ -528,6 +540,9 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(200)).await;
             let wall = t.elapsed().as_secs_f64();
             let cpu = cpu_seconds(pid) - c0 - idle_rate * wall;
+            if let Some(h) = &hooked {
+                hook("end", h);
+            }
             rows.push((max_tokens, requests, chunks, cpu));
         }
         rows

@@ -207,6 +207,40 @@ async fn a_stalled_stream_times_out_with_an_error_tail() {
 }
 
 #[tokio::test]
+async fn a_stream_longer_than_the_idle_limit_with_shorter_gaps_is_not_cut() {
+    // The stall timer is armed once and re-armed from the last chunk, so
+    // only a gap counts, never the stream's length.
+    let (api, fake) = gateway(&["a:1"], |c| c.limits.stream_idle_timeout_ms = 80).await;
+    let mut chunks = vec![(Duration::ZERO, TOKEN)];
+    chunks.extend((0..6).map(|_| (Duration::from_millis(40), TOKEN)));
+    chunks.push((Duration::from_millis(40), DONE));
+    let expected: String = chunks.iter().map(|(_, c)| *c).collect();
+    fake.next([Answer::Sse(chunks, End::Close)]);
+    let (status, _, body) = complete(&api, true).await;
+    assert_eq!((status, body), (200, expected));
+    let totals = api.fleet.with(|f| f.router().ledger_totals());
+    assert_eq!((totals.finished, totals.errored), (1, 0));
+}
+
+#[tokio::test]
+async fn a_burst_of_many_chunks_passes_whole_and_in_order() {
+    // More chunks at once than one gathered write holds.
+    let (api, fake) = gateway(&["a:1"], |_| {}).await;
+    // The fake engine takes static chunks; numbered so order shows.
+    let event = |i: usize| -> &'static str {
+        let text = format!("data: {{\"choices\":[{{\"index\":0,\"text\":\"{i}\"}}]}}\n\n");
+        Box::leak(text.into_boxed_str())
+    };
+    let mut chunks: Vec<(Duration, &'static str)> =
+        (0..300).map(|i| (Duration::ZERO, event(i))).collect();
+    chunks.push((Duration::ZERO, DONE));
+    let expected: String = chunks.iter().map(|(_, c)| *c).collect();
+    fake.next([Answer::Sse(chunks, End::Close)]);
+    let (status, _, body) = complete(&api, true).await;
+    assert_eq!((status, body), (200, expected));
+}
+
+#[tokio::test]
 async fn a_whole_response_comes_back_with_its_status_and_the_replica_header() {
     let (api, fake) = gateway(&["a:1"], |_| {}).await;
     let json = r#"{"id":"cmpl-1","choices":[{"index":0,"text":"hi"}]}"#;
