@@ -1,9 +1,16 @@
 //! Resident memory of each piece of a loaded tokenizer, step by step (the
-//! bundled Qwen3 one): `cargo run --release -p kvgate-tokenize --example memory`.
+//! bundled Qwen3 one): `cargo run --release -p kvgate-tokenize --example memory
+//! [tokenizers|fastokens|both]`. It uses the gateway's allocator and purges
+//! freed pages before each reading, as the gateway does after its load, so
+//! each step shows what stays resident, not what the allocator kept.
 
 #![allow(clippy::unwrap_used, clippy::print_stdout)]
 
+// The gateway's global allocator, linked by this use.
+use kvgate_alloc as _;
+
 fn rss_mb() -> f64 {
+    kvgate_alloc::release_free_memory(true);
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     s.lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
