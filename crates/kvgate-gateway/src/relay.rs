@@ -223,14 +223,14 @@ const SKIP_AFTER_LONE: u8 = 3;
 ///   its own task and hands over one chunk at a time, and hyper writes to
 ///   the client as soon as the body has nothing ready. So chunks that came
 ///   in one read from the engine went out in one `writev` each, most of the
-///   relay's CPU (16 loopback streams: ~4.5 chunks per engine read, one
+///   relay's CPU (16 loopback streams: ~4.3 chunks per engine read, one
 ///   write per chunk). Instead, after taking a chunk the relay returns
 ///   `Pending` with itself woken, so the engine connection runs and decodes
 ///   what it has buffered, and hands the chunks out only when the upstream
 ///   has had a scheduler round and still has nothing (or at `MAX_GATHER`).
 ///   hyper polls a pending body once more within the same poll, before the
 ///   connection task could run, so one further empty look is allowed before
-///   giving up. The cost is a scheduler round per chunk, no timer.
+///   giving up. The cost is a scheduler round per gather, no timer.
 /// - **One stall timer per stream**, not one per chunk: it is re-armed only
 ///   when it fires, from the time of the last hand-out.
 struct RelayStream {
