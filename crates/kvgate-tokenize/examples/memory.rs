@@ -1,6 +1,7 @@
 //! Resident memory of each piece of a loaded tokenizer, step by step (the
 //! bundled Qwen3 one): `cargo run --release -p kvgate-tokenize --example memory
-//! [tokenizers|fastokens|both]`. It uses the gateway's allocator and purges
+//! [tokenizers|fastokens]`; without an argument, kvgate's own
+//! `ChatTokenizer` (encoder `auto`). It uses the gateway's allocator and purges
 //! freed pages before each reading, as the gateway does after its load, so
 //! each step shows what stays resident, not what the allocator kept.
 

@@ -256,9 +256,14 @@ fn hook(what: &str, phase: &str) {
     }
 }
 
+/// The environment variable `name` parsed, else `default`.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 /// `max_tokens` of the short requests (`KVGATE_BENCH_SHORT_MAX_TOKENS`, 2).
 fn short_max_tokens() -> u32 {
-    std::env::var("KVGATE_BENCH_SHORT_MAX_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(2)
+    env_or("KVGATE_BENCH_SHORT_MAX_TOKENS", 2)
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -492,11 +497,7 @@ async fn main() {
         let _ = gw.wait();
         // KVGATE_BENCH_STREAM_SPEEDUP: the fleet's pace (25); slower
         // fleets put fewer chunks in each read from the engine.
-        let speedup = std::env::var("KVGATE_BENCH_STREAM_SPEEDUP")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(25.0);
-        let slow = start_sims(2, 65_536, speedup).await;
+        let slow = start_sims(2, 65_536, env_or("KVGATE_BENCH_STREAM_SPEEDUP", 25.0)).await;
         let (port, admin) = free_ports();
         gw = spawn_gateway(&slow, port, admin);
         let pid = gw.id();
