@@ -61,6 +61,12 @@ pub struct DisaggConfig {
     pub isl_threshold: u64,
     /// `isl_bounding`: and below this share of the prompt.
     pub isl_ratio: f64,
+    /// `conditional`: a prefill replica may also serve a request whole when
+    /// that costs the fleet least (vLLM's NIXL engines run `kv_role =
+    /// "kv_both"` and serve plain requests). Off by default: it puts the
+    /// prefill pool's memory to use when the decode pool lacks it, but it
+    /// gives up disaggregation's ITL (docs/benchmarks.md, issue 24).
+    pub whole_on_prefill: bool,
 }
 
 impl Default for DisaggConfig {
@@ -73,6 +79,7 @@ impl Default for DisaggConfig {
             bandwidth_gbps: 64.0,
             isl_threshold: 2048,
             isl_ratio: 0.7,
+            whole_on_prefill: false,
         }
     }
 }
@@ -97,7 +104,9 @@ impl DisaggConfig {
     /// The router crate's planner settings.
     pub fn planner(&self) -> kvgate_router::DisaggConfig {
         let mode = match self.mode {
-            SplitMode::Conditional => kvgate_router::DisaggMode::Conditional,
+            SplitMode::Conditional => {
+                kvgate_router::DisaggMode::Conditional { whole_on_prefill: self.whole_on_prefill }
+            }
             SplitMode::Always => kvgate_router::DisaggMode::Always,
             SplitMode::IslBounding => kvgate_router::DisaggMode::IslBounding {
                 eff_isl_threshold: self.isl_threshold,

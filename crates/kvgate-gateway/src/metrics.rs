@@ -241,7 +241,8 @@ impl Metrics {
         registry.register(
             "disagg_plans",
             "Requests of disaggregated pools, by plan: split (prefill hop, then decode hop), \
-             bypass (served whole on a decode replica), prefill_fallback (every prefill \
+             bypass (served whole on a decode replica), on_prefill (served whole on a \
+             prefill replica), prefill_fallback (every prefill \
              attempt failed: served whole), decode_fallback (the decode hop failed before \
              its first byte: served whole elsewhere)",
             disagg_plans.clone(),
@@ -388,8 +389,8 @@ impl Metrics {
         family.get_or_create(&ReasonLabels { reason: reason.label() }).inc();
     }
 
-    /// One disaggregated pool's plan: `split`, `bypass`, `prefill_fallback`
-    /// or `decode_fallback`.
+    /// One disaggregated pool's plan: `split`, `bypass`, `on_prefill`,
+    /// `prefill_fallback` or `decode_fallback`.
     pub(crate) fn disagg_plan(&self, plan: &'static str) {
         self.disagg_plans.get_or_create(&PlanLabels { plan }).inc();
     }

@@ -3,7 +3,8 @@
 //! connector expects over HTTP (docs/pd-protocol.md):
 //!
 //! 1. the fleet's planner decides: serve it whole on a decode replica (the
-//!    bypass: the normal path continues with that decision), or split it;
+//!    bypass) or on a prefill replica (`disagg.whole_on_prefill`), and the
+//!    normal path continues with that decision; or split it;
 //! 2. the prefill hop: the request's body (with the prompt's token ids)
 //!    plus `kv_transfer_params: {do_remote_decode: true, ...}`,
 //!    `max_tokens: 1`, not streamed, without `stream_options`,
@@ -46,8 +47,8 @@ const MAX_PREFILL_ANSWER: usize = 4 << 20;
 pub(crate) enum Split {
     /// The decode hop answered: relay it.
     Decoded { replica: Arc<Replica>, routed: Routed, booking: HeldBooking, resp: EngineResponse },
-    /// Serve it whole, on this decode replica the planner chose (a bypass)
-    /// or, with `None`, wherever the normal placement decides (the planner
+    /// Serve it whole, on this replica the planner chose (a bypass, or a
+    /// prefill replica) or, with `None`, wherever the normal placement decides (the planner
     /// refused, every prefill replica failed, or the decode hop failed).
     Whole(Option<Routed>),
 }
@@ -71,6 +72,10 @@ pub(crate) async fn split(
             Some(Ok(PdPlan::Split { prefill, decode })) => (prefill, decode),
             Some(Ok(PdPlan::Aggregated(whole))) => {
                 fwd.metrics.disagg_plan("bypass");
+                return Split::Whole(Some(whole));
+            }
+            Some(Ok(PdPlan::OnPrefill(whole))) => {
+                fwd.metrics.disagg_plan("on_prefill");
                 return Split::Whole(Some(whole));
             }
             // No decode replica now: the normal path waits or refuses.

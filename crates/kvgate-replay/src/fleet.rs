@@ -123,7 +123,7 @@ pub struct Fleet {
     base: Instant,
     engines: Vec<Engine>,
     /// Pool of each replica, and its id in that pool's index and router.
-    pool_of: Vec<usize>,
+    pub(crate) pool_of: Vec<usize>,
     pools: Vec<Pool>,
     /// The model each pool serves (`None`: any, a one-pool fleet).
     pool_models: Vec<Option<String>>,

@@ -124,8 +124,12 @@ pub struct DisaggSummary {
     pub split: u64,
     /// Requests served whole on a decode replica.
     pub bypassed: u64,
-    /// bypassed ÷ (split + bypassed).
+    /// bypassed ÷ planned.
     pub bypass_rate: f64,
+    /// Requests served whole on a prefill replica (`whole_on_prefill`).
+    pub on_prefill: u64,
+    /// on_prefill ÷ planned.
+    pub on_prefill_rate: f64,
     /// KV transfers, milliseconds each.
     pub transfer_ms: Distribution,
     /// Mean tokens per transfer (what the decode replica lacked).
@@ -134,6 +138,8 @@ pub struct DisaggSummary {
     pub split_ttft: PlanTtft,
     /// TTFT of the bypassed requests, measured against predicted.
     pub bypassed_ttft: PlanTtft,
+    /// TTFT of the requests served whole on a prefill replica.
+    pub on_prefill_ttft: PlanTtft,
 }
 
 /// One kind of plan's mean TTFT as measured and as the routers predicted it
@@ -167,18 +173,22 @@ impl PlanTtft {
 impl DisaggSummary {
     fn of(fleet: &Fleet) -> Option<DisaggSummary> {
         let counts = fleet.disagg_counts()?;
+        // Served whole on a replica of `pool` (0 prefills, 1 decodes).
+        let whole_on =
+            |r: &Record, pool| !r.split && r.replica.is_some_and(|g| fleet.pool_of[g] == pool);
         let mut ms: Vec<f64> = fleet.transfers.iter().map(|t| t.1 * 1000.0).collect();
         let n = fleet.transfers.len().max(1) as f64;
         Some(DisaggSummary {
             split: counts.split,
             bypassed: counts.bypassed,
             bypass_rate: counts.bypass_rate(),
+            on_prefill: counts.on_prefill,
+            on_prefill_rate: counts.on_prefill_rate(),
             transfer_ms: Distribution::of(&mut ms),
             transfer_tokens_mean: fleet.transfers.iter().map(|t| t.0 as f64).sum::<f64>() / n,
             split_ttft: PlanTtft::of(fleet.records.iter().filter(|r| r.split)),
-            bypassed_ttft: PlanTtft::of(
-                fleet.records.iter().filter(|r| !r.split && r.replica.is_some()),
-            ),
+            bypassed_ttft: PlanTtft::of(fleet.records.iter().filter(|r| whole_on(r, 1))),
+            on_prefill_ttft: PlanTtft::of(fleet.records.iter().filter(|r| whole_on(r, 0))),
         })
     }
 }

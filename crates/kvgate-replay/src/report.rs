@@ -273,34 +273,40 @@ fn render_disagg(s: &mut String, report: &Report) {
     }
     let _ = writeln!(
         s,
-        "\n{:<15} {:>7} {:>7} {:>9} {:>7} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10}",
+        "\n{:<15} {:>7} {:>7} {:>9} {:>7} {:>8} {:>11} {:>11} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "p/d plans",
         "rate x",
         "split",
         "bypassed",
         "bypass",
+        "on P",
         "transfer ms",
         "tokens/xfer",
         "split ttft",
         "predicted",
         "bypass ttft",
+        "predicted",
+        "on P ttft",
         "predicted"
     );
     for (r, d) in runs {
         let _ = writeln!(
             s,
-            "{:<15} {:>7.3} {:>7} {:>9} {:>7.3} {:>11.1} {:>11.0} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
+            "{:<15} {:>7.3} {:>7} {:>9} {:>7.3} {:>8} {:>11.1} {:>11.0} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1}",
             r.policy,
             r.rate_scale,
             d.split,
             d.bypassed,
             d.bypass_rate,
+            d.on_prefill,
             d.transfer_ms.mean,
             d.transfer_tokens_mean,
             d.split_ttft.measured_ms,
             d.split_ttft.predicted_ms,
             d.bypassed_ttft.measured_ms,
             d.bypassed_ttft.predicted_ms,
+            d.on_prefill_ttft.measured_ms,
+            d.on_prefill_ttft.predicted_ms,
         );
     }
 }

@@ -70,7 +70,7 @@ fn always_splits_every_request_and_serves_it_once() {
 #[test]
 fn conditional_bypasses_some_requests_and_loses_none() {
     let w = chat(2);
-    let (s, fleet) = run(&w, Some(DisaggMode::Conditional), 2.0);
+    let (s, fleet) = run(&w, Some(DisaggMode::conditional()), 2.0);
     let n = w.requests.len() as u64;
     assert_eq!((s.completed, s.unserved), (n, 0));
     let d = s.disagg.as_ref().unwrap();
@@ -93,13 +93,34 @@ fn conditional_bypasses_some_requests_and_loses_none() {
     }
 }
 
+/// `whole_on_prefill`: some requests run whole on a prefill engine, every
+/// request is served once, every plan is counted, and each kind's TTFT is
+/// reported over its own requests.
+#[test]
+fn conditional_on_prefill_serves_some_whole_on_prefill_replicas_and_loses_none() {
+    let w = chat(2);
+    let (s, fleet) = run(&w, Some(DisaggMode::Conditional { whole_on_prefill: true }), 2.0);
+    let n = w.requests.len() as u64;
+    assert_eq!((s.completed, s.unserved), (n, 0));
+    let d = s.disagg.as_ref().unwrap();
+    assert_eq!(d.split + d.bypassed + d.on_prefill, n);
+    assert!(d.on_prefill > 0, "{d:?}");
+    assert_eq!(d.on_prefill_ttft.requests, d.on_prefill);
+    assert_eq!(d.bypassed_ttft.requests, d.bypassed);
+    let on_p = fleet.records.iter().filter(|r| !r.split && r.replica.unwrap() < 2).count();
+    assert_eq!(on_p as u64, d.on_prefill);
+    for e in fleet.engine_stats() {
+        assert_eq!(e.kv_usage, 0.0);
+    }
+}
+
 #[test]
 fn disaggregated_runs_are_deterministic() {
     let w = chat(3);
     let route = |f: &Fleet| {
         f.records.iter().map(|r| (r.replica, r.split, r.first_token_at)).collect::<Vec<_>>()
     };
-    for mode in [DisaggMode::Always, DisaggMode::Conditional, DisaggMode::dynamo_default()] {
+    for mode in [DisaggMode::Always, DisaggMode::conditional(), DisaggMode::dynamo_default()] {
         let (_, a) = run(&w, Some(mode), 2.0);
         let (_, b) = run(&w, Some(mode), 2.0);
         assert_eq!(route(&a), route(&b), "{mode:?}");
@@ -109,7 +130,7 @@ fn disaggregated_runs_are_deterministic() {
 #[test]
 fn the_matrix_names_each_setup_and_keeps_levels_together() {
     let w = chat(4);
-    let setups = [None, Some(DisaggMode::Always), Some(DisaggMode::Conditional)];
+    let setups = [None, Some(DisaggMode::Always), Some(DisaggMode::conditional())];
     let o = opts(None);
     let runs =
         run_disagg_matrix(&w, &setups, &spec(DisaggMode::Always), &[1.0, 2.0], &o, BOUNDS, &|_| ())

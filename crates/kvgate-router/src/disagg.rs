@@ -7,14 +7,17 @@
 //! either). For each request the planner previews ([`Router::peek`]):
 //!
 //! ```text
-//! bypass = the decode router's cost of serving it whole on its best decode replica
-//! split  = the prefill router's cost of its prefill (max_tokens 1)
-//!        + the decode router's cost of its decode hop, whose uncached prompt
-//!          arrives at τ seconds per token (KV bytes per token ÷ bandwidth,
-//!          calibrated from observed transfers)
+//! bypass     = the decode router's cost of serving it whole on its best decode replica
+//! split      = the prefill router's cost of its prefill (max_tokens 1)
+//!            + the decode router's cost of its decode hop, whose uncached prompt
+//!              arrives at τ seconds per token (KV bytes per token ÷ bandwidth,
+//!              calibrated from observed transfers)
+//! on_prefill = the prefill router's cost of serving it whole on its best prefill
+//!              replica (only with `whole_on_prefill`, off by default)
 //! ```
 //!
-//! and books the cheaper plan in both ledgers through [`Router::decide`].
+//! and books the cheapest plan through [`Router::decide`] (a split in both
+//! ledgers).
 //! Both costs are the kv_aware objective: the bypass pays the prefill on a
 //! decode replica plus the delay it imposes on the sequences decoding
 //! there (the decode-delay charge), the split pays the prefill replica's
@@ -38,8 +41,18 @@ use crate::router::Router;
 pub enum DisaggMode {
     /// Split every request (a prefill replica exists), as vllm-router does.
     Always,
-    /// kvgate's rule: the cheaper of bypass and split in the cost model.
-    Conditional,
+    /// kvgate's rule: the cheapest plan in the cost model: whole on a decode
+    /// replica (the bypass), split, or, with `whole_on_prefill`, whole on a
+    /// prefill replica. vLLM's NIXL engines run `kv_role = "kv_both"`, so a
+    /// prefill engine serves a plain request like any other. Letting it do
+    /// so puts the prefill pool's KV memory to use when the decode pool is
+    /// short of it (half the GPUs hold every decoding sequence otherwise),
+    /// at the cost of ITL: measured, it trades TTFT for ITL
+    /// (docs/benchmarks.md, issue 24), so it is off by default.
+    Conditional {
+        /// A prefill replica may serve a request whole.
+        whole_on_prefill: bool,
+    },
     /// Dynamo's published `isl_bounding` rule, as a baseline: bypass iff
     /// the prompt's tokens not cached on the chosen decode replica are
     /// fewer than `eff_isl_threshold` and below `ratio` of the prompt.
@@ -57,11 +70,17 @@ impl DisaggMode {
         DisaggMode::IslBounding { eff_isl_threshold: 2048, ratio: 0.7 }
     }
 
+    /// kvgate's rule with its default: only decode replicas serve whole.
+    pub fn conditional() -> DisaggMode {
+        DisaggMode::Conditional { whole_on_prefill: false }
+    }
+
     /// The name reports use.
     pub fn name(self) -> &'static str {
         match self {
             DisaggMode::Always => "pd_always",
-            DisaggMode::Conditional => "pd_conditional",
+            DisaggMode::Conditional { whole_on_prefill: false } => "pd_conditional",
+            DisaggMode::Conditional { whole_on_prefill: true } => "pd_conditional_on_prefill",
             DisaggMode::IslBounding { .. } => "pd_isl_bounding",
         }
     }
@@ -96,6 +115,9 @@ impl DisaggConfig {
 pub enum PdPlan {
     /// Served whole on one decode replica: the bypass.
     Aggregated(Routed),
+    /// Served whole on one prefill replica (`whole_on_prefill`): its booking
+    /// is the prefill router's.
+    OnPrefill(Routed),
     /// Prefill on one replica, then decode on another, whose booking
     /// expects the prompt's KV by transfer.
     Split {
@@ -124,17 +146,32 @@ pub struct PdCounts {
     /// Requests split with no prefill replica left to take them and so
     /// served whole (counted in `bypassed` too).
     pub no_prefill: u64,
+    /// Requests served whole on a prefill replica.
+    pub on_prefill: u64,
 }
 
 impl PdCounts {
-    /// Bypassed ÷ planned.
+    /// Requests planned.
+    pub fn planned(&self) -> u64 {
+        self.split + self.bypassed + self.on_prefill
+    }
+
+    /// Bypassed (whole on a decode replica) ÷ planned.
     pub fn bypass_rate(&self) -> f64 {
-        let n = self.split + self.bypassed;
-        if n == 0 {
-            0.0
-        } else {
-            self.bypassed as f64 / n as f64
-        }
+        share(self.bypassed, self.planned())
+    }
+
+    /// Served whole on a prefill replica ÷ planned.
+    pub fn on_prefill_rate(&self) -> f64 {
+        share(self.on_prefill, self.planned())
+    }
+}
+
+fn share(part: u64, n: u64) -> f64 {
+    if n == 0 {
+        0.0
+    } else {
+        part as f64 / n as f64
     }
 }
 
@@ -202,40 +239,72 @@ impl Disagg {
         let (d_router, d_index) = decode;
         let p_req = RouteRequest { max_output_tokens: Some(1), ..*req };
         let d_req = self.decode_hop(req);
-        let split = match self.config.mode {
-            DisaggMode::Always => true,
+        let choice = match self.config.mode {
+            DisaggMode::Always => Choice::Split,
             DisaggMode::IslBounding { eff_isl_threshold, ratio } => {
                 match d_router.peek(req, d_index, now) {
-                    Some(whole) => !isl_bypass(req, &whole, eff_isl_threshold, ratio),
-                    None => true,
+                    Some(whole) if isl_bypass(req, &whole, eff_isl_threshold, ratio) => {
+                        Choice::Whole
+                    }
+                    _ => Choice::Split,
                 }
             }
-            DisaggMode::Conditional => {
-                let whole = d_router.peek(req, d_index, now);
+            DisaggMode::Conditional { whole_on_prefill } => {
+                // Each plan's cost to the fleet; a plan no replica can take
+                // costs infinity. Ties keep the bypass, then the split.
+                let whole = d_router.peek(req, d_index, now).map(|w| w.cost + held_up(&w));
                 let hop = d_router.peek(&d_req, d_index, now);
                 let pre = p_router.peek(&p_req, p_index, now);
-                match (whole, hop, pre) {
-                    (Some(w), Some(h), Some(p)) => p.cost + h.cost < w.cost + held_up(&w),
-                    (None, _, Some(_)) => true,
-                    _ => false,
+                let split = match (pre, hop) {
+                    (Some(p), Some(h)) => Some(p.cost + h.cost),
+                    // No decode replica: the bypass below is refused with
+                    // the decode router's own answer.
+                    _ => None,
+                };
+                // Whole on a prefill replica prefills there as a split's
+                // hop would, so neither is charged the held-up term: what
+                // waits there is prefills, which a later one does not pass.
+                let on_prefill = if whole_on_prefill {
+                    p_router.peek(req, p_index, now).map(|w| w.cost)
+                } else {
+                    None
+                };
+                let inf = f64::INFINITY;
+                let (w, s, o) =
+                    (whole.unwrap_or(inf), split.unwrap_or(inf), on_prefill.unwrap_or(inf));
+                if o < w && o < s {
+                    Choice::OnPrefill
+                } else if s < w {
+                    Choice::Split
+                } else {
+                    Choice::Whole
                 }
             }
         };
-        if split {
-            if let Decision::Routed(p) = p_router.decide(&p_req, p_index, now) {
-                match d_router.decide(&d_req, d_index, now) {
-                    Decision::Routed(d) => {
-                        self.counts.split += 1;
-                        return Ok(PdPlan::Split { prefill: p, decode: d });
-                    }
-                    other => {
-                        // No decode replica: the prefill would be wasted.
-                        p_router.finish(p.booking, crate::Outcome::Cancelled);
-                        return Err(PdRefusal::Decode(other));
+        match choice {
+            Choice::Split => {
+                if let Decision::Routed(p) = p_router.decide(&p_req, p_index, now) {
+                    match d_router.decide(&d_req, d_index, now) {
+                        Decision::Routed(d) => {
+                            self.counts.split += 1;
+                            return Ok(PdPlan::Split { prefill: p, decode: d });
+                        }
+                        other => {
+                            // No decode replica: the prefill would be wasted.
+                            p_router.finish(p.booking, crate::Outcome::Cancelled);
+                            return Err(PdRefusal::Decode(other));
+                        }
                     }
                 }
+                self.counts.no_prefill += 1;
             }
-            self.counts.no_prefill += 1;
+            Choice::OnPrefill => {
+                if let Decision::Routed(p) = p_router.decide(req, p_index, now) {
+                    self.counts.on_prefill += 1;
+                    return Ok(PdPlan::OnPrefill(p));
+                }
+            }
+            Choice::Whole => {}
         }
         match d_router.decide(req, d_index, now) {
             Decision::Routed(d) => {
@@ -245,6 +314,13 @@ impl Disagg {
             other => Err(PdRefusal::Decode(other)),
         }
     }
+}
+
+/// The plan the mode picked, before it is booked.
+enum Choice {
+    Whole,
+    Split,
+    OnPrefill,
 }
 
 /// What serving a request whole on a decode replica costs the requests

@@ -106,7 +106,7 @@ fn isl_bounding_bypasses_when_the_decode_side_holds_most_of_the_prompt() {
 fn conditional_bypasses_a_mostly_cached_prompt_and_splits_a_cold_one() {
     let (mut p, pi) = side(2);
     let (mut d, mut di) = side(2);
-    let mut pd = planner(DisaggMode::Conditional);
+    let mut pd = planner(DisaggMode::conditional());
     let now = Instant::now();
     // A cold 8k-token prompt on an idle fleet: either way it is prefilled
     // once, and the split keeps it off the decode side. With the decode
@@ -136,7 +136,7 @@ fn conditional_bypasses_a_mostly_cached_prompt_and_splits_a_cold_one() {
 fn conditional_bypasses_when_the_prefill_side_is_swamped() {
     let (mut p, pi) = side(1);
     let (mut d, di) = side(2);
-    let mut pd = planner(DisaggMode::Conditional);
+    let mut pd = planner(DisaggMode::conditional());
     let now = Instant::now();
     // 200k tokens queued on the only prefill replica.
     let q = prompt(20_000, 5);
@@ -154,7 +154,7 @@ fn conditional_bypasses_when_the_prefill_side_is_swamped() {
 fn no_prefill_replica_means_serving_whole() {
     let (mut p, pi) = side(0);
     let (mut d, di) = side(1);
-    for mode in [DisaggMode::Always, DisaggMode::Conditional] {
+    for mode in [DisaggMode::Always, DisaggMode::conditional()] {
         let mut pd = planner(mode);
         let t = prompt(3000, 7);
         let k = block_keys(&t, BS as usize, None);
@@ -166,7 +166,7 @@ fn no_prefill_replica_means_serving_whole() {
 #[test]
 fn the_transfer_rate_is_calibrated_from_observed_transfers() {
     // A prior of 4.1 µs per token; the link really moves one in 8 µs.
-    let mut pd = planner(DisaggMode::Conditional);
+    let mut pd = planner(DisaggMode::conditional());
     let prior = pd.transfer_s_per_token();
     assert!((prior - 262_144.0 / 64e9).abs() < 1e-12);
     for i in 0..40 {
@@ -180,4 +180,42 @@ fn the_transfer_rate_is_calibrated_from_observed_transfers() {
     pd.observe_transfer(0, 1.0);
     pd.observe_transfer(10, f64::NAN);
     assert!((pd.transfer_s_per_token() - 8e-6).abs() < 1e-9);
+}
+
+/// `whole_on_prefill`: a prompt whose prefix only a prefill replica holds,
+/// with the decode side busy, is served whole there (no transfer, nothing
+/// recomputed); without the setting it never is, and with no decode replica
+/// at all the prefill side still serves it whole.
+#[test]
+fn whole_on_prefill_serves_where_the_prefix_is_when_allowed() {
+    let now = Instant::now();
+    let t = prompt(8000, 11);
+    let k = block_keys(&t, BS as usize, None);
+    let busy = prompt(64, 12);
+    let bk = block_keys(&busy, BS as usize, None);
+    for whole_on_prefill in [true, false] {
+        let (mut p, mut pi) = side(2);
+        let (mut d, di) = side(2);
+        cache(&mut pi, ReplicaId(1), &t[..7900], now);
+        for _ in 0..40 {
+            let r = d.decide(&request(&busy, &bk), &di, now).routed().unwrap();
+            d.first_token(r.booking, now);
+        }
+        let mut pd = planner(DisaggMode::Conditional { whole_on_prefill });
+        let plan = pd.plan((&mut p, &pi), (&mut d, &di), &request(&t, &k), now).unwrap();
+        if whole_on_prefill {
+            let PdPlan::OnPrefill(whole) = plan else { panic!("not on prefill: {plan:?}") };
+            assert_eq!(whole.replica, ReplicaId(1));
+            assert_eq!(p.in_flight(), 1, "booked in the prefill ledger");
+            assert_eq!((pd.counts().on_prefill, pd.counts().on_prefill_rate()), (1, 1.0));
+        } else {
+            assert!(!matches!(plan, PdPlan::OnPrefill(_)), "{plan:?}");
+            assert_eq!(pd.counts().on_prefill, 0);
+        }
+    }
+    let (mut p, pi) = side(1);
+    let (mut d, di) = side(0);
+    let mut pd = planner(DisaggMode::Conditional { whole_on_prefill: true });
+    let plan = pd.plan((&mut p, &pi), (&mut d, &di), &request(&t, &k), now);
+    assert!(matches!(plan, Ok(PdPlan::OnPrefill(_))), "{plan:?}");
 }

@@ -204,7 +204,9 @@ pub(crate) struct ReplayArgs {
     pub(crate) kv_bytes_per_token: Option<u64>,
     /// What a prefill/decode replay compares, comma-separated: aggregated (every
     /// replica serves whole requests), always (split every request), conditional
-    /// (kvgate's bypass by cost), isl_bounding (Dynamo's rule: bypass iff the prompt's
+    /// (kvgate's plan by cost: split, or whole on a decode replica), conditional_on_prefill
+    /// (the same, or whole on a prefill replica: `disagg.whole_on_prefill = true`),
+    /// isl_bounding (Dynamo's rule: bypass iff the prompt's
     /// tokens not cached on the chosen decode replica are < 2048 and < 70% of it).
     #[arg(long, value_name = "LIST", default_value = "aggregated,always,conditional,isl_bounding")]
     pub(crate) disagg_modes: String,
@@ -219,11 +221,14 @@ pub(crate) fn parse_disagg_modes(list: &str) -> anyhow::Result<Vec<kvgate_replay
         .map(|m| match m.trim() {
             "aggregated" => Ok(None),
             "always" => Ok(Some(DisaggMode::Always)),
-            "conditional" => Ok(Some(DisaggMode::Conditional)),
+            "conditional" => Ok(Some(DisaggMode::conditional())),
+            "conditional_on_prefill" => {
+                Ok(Some(DisaggMode::Conditional { whole_on_prefill: true }))
+            }
             "isl_bounding" => Ok(Some(DisaggMode::dynamo_default())),
             other => bail!(
                 "--disagg-modes: unknown mode {other:?}; expected aggregated, always, \
-                 conditional or isl_bounding"
+                 conditional, conditional_on_prefill or isl_bounding"
             ),
         })
         .collect::<anyhow::Result<_>>()?;
@@ -254,7 +259,7 @@ fn disagg_spec(args: &ReplayArgs) -> anyhow::Result<Option<kvgate_replay::Disagg
     }
     Ok(Some(kvgate_replay::DisaggSpec {
         prefill,
-        mode: kvgate_router::DisaggMode::Conditional,
+        mode: kvgate_router::DisaggMode::conditional(),
         kv_bytes_per_token: bytes,
         bandwidth_bytes_per_s: args.kv_bandwidth_gbps * 1e9,
     }))

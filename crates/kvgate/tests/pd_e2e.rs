@@ -190,3 +190,36 @@ async fn a_decode_replica_killed_before_its_first_byte_falls_back_to_whole() {
         metric_with(&gw.base, "kvgate_disagg_plans_total", "plan=\"decode_fallback\"").await;
     assert_eq!(fallback, 1.0);
 }
+
+/// `disagg.whole_on_prefill`: with every decode replica down, the prefill
+/// replica serves requests whole (no `kv_transfer_params`, one hop); the
+/// planner counts them as `on_prefill`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_whole_on_prefill_a_prefill_replica_serves_whole_when_decode_is_down() {
+    let (p, mut d) = (pd_sim(&["--speedup", "20"]), pd_sim(&["--speedup", "20"]));
+    let gw = spawn_serve_with(
+        &[spec(&p, "p", "prefill"), spec(&d, "d", "decode")],
+        &["--set", "disagg.whole_on_prefill=true", "--set", "monitor.health_interval_ms=200"],
+    );
+    support::wait_ready(&gw.base).await;
+    d.proc.0.kill().unwrap();
+    let t0 = Instant::now();
+    loop {
+        let list = get_json(&format!("{}/admin/replicas", gw.admin)).await;
+        let down = list["replicas"].as_array().is_some_and(|rs| {
+            rs.iter().any(|r| r["name"] == json!("d") && r["health"] == json!("down"))
+        });
+        if down {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "d never marked down: {list}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, frames, done) =
+        stream(&gw.base, "/v1/completions", &token_completion(&prompt(800, 4), 5, true)).await;
+    assert_eq!((status, done), (200, true));
+    assert_eq!(frames.iter().filter(|f| f["choices"][0]["text"].is_string()).count(), 5);
+    assert_eq!(transfers(&p).await["answered"], json!([]), "a prefill hop was sent");
+    let on_p = metric_with(&gw.base, "kvgate_disagg_plans_total", "plan=\"on_prefill\"").await;
+    assert_eq!(on_p, 1.0);
+}

@@ -276,7 +276,7 @@ fn nixl_transfer_series_calibrate_the_pools_transfer_rate() {
     let side = Router::new(RouterConfig::default(), Default::default()).unwrap();
     // 262,144 bytes per token over 64 GB/s: 4.1 µs per token configured.
     let config = DisaggConfig {
-        mode: DisaggMode::Conditional,
+        mode: DisaggMode::conditional(),
         kv_bytes_per_token: 262_144,
         bandwidth_bytes_per_s: 64e9,
     };

@@ -13,7 +13,8 @@
 //!    its first token is the request's.
 //!
 //! A bypassed request runs whole on its decode engine, as in an aggregated
-//! fleet. The decode engine's blocks are announced when the hop is
+//! fleet; one planned whole on a prefill engine (`whole_on_prefill`) runs
+//! whole there. The decode engine's blocks are announced when the hop is
 //! admitted, as vLLM announces them when the pull completes.
 
 use std::time::{Duration, Instant};
@@ -71,19 +72,10 @@ impl Fleet {
             |pool: &super::Pool, id| pool.replicas.iter().copied().find(|&g| self.ids[g] == id);
         match plan {
             Ok(PdPlan::Aggregated(routed)) => {
-                let Some(g) = global(d, routed.replica) else {
-                    return self.unserved_record(rec);
-                };
-                rec.routed_cached_blocks = routed.cached_blocks;
-                rec.predicted_ttft_s = routed.predicted_ttft_s;
-                if self.start(g, i as u64, tokens, output_tokens, at, false) {
-                    rec.replica = Some(g);
-                    self.bookings.insert(i, (1, routed.booking));
-                } else {
-                    self.pools[1].router.finish(routed.booking, Outcome::Error);
-                    self.unserved += 1;
-                }
-                self.records.push(rec);
+                self.start_whole(1, i, tokens, output_tokens, routed, rec)
+            }
+            Ok(PdPlan::OnPrefill(routed)) => {
+                self.start_whole(0, i, tokens, output_tokens, routed, rec)
             }
             Ok(PdPlan::Split { prefill, decode }) => {
                 let (Some(pg), Some(dg)) = (global(p, prefill.replica), global(d, decode.replica))
@@ -117,6 +109,33 @@ impl Fleet {
             }
             Err(_) => self.unserved_record(rec),
         }
+    }
+
+    /// Starts request `i` whole on the replica of pool `pool` (1 decodes, 0
+    /// prefills) that `routed` names.
+    fn start_whole(
+        &mut self,
+        pool: usize,
+        i: usize,
+        tokens: Vec<u32>,
+        output_tokens: u32,
+        routed: kvgate_router::Routed,
+        mut rec: Record,
+    ) {
+        let id = routed.replica;
+        let Some(g) = self.pools[pool].replicas.iter().copied().find(|&g| self.ids[g] == id) else {
+            return self.unserved_record(rec);
+        };
+        rec.routed_cached_blocks = routed.cached_blocks;
+        rec.predicted_ttft_s = routed.predicted_ttft_s;
+        if self.start(g, i as u64, tokens, output_tokens, rec.arrival, false) {
+            rec.replica = Some(g);
+            self.bookings.insert(i, (pool, routed.booking));
+        } else {
+            self.pools[pool].router.finish(routed.booking, Outcome::Error);
+            self.unserved += 1;
+        }
+        self.records.push(rec);
     }
 
     fn unserved_record(&mut self, rec: Record) {
