@@ -212,6 +212,18 @@ fn max_output(v: Option<u64>) -> Option<u32> {
     v.map(|n| u32::try_from(n).unwrap_or(u32::MAX))
 }
 
+/// The renderer's view of a parsed chat request. Built from the typed
+/// request, which serialises back to the client's body field for field
+/// (`kvgate_openai`'s round-trip tests), instead of parsing the body a
+/// second time: a copy of each field costs a fifth of a parse (2 against
+/// 11 µs for a 24 KB chat).
+fn chat_view(req: &ChatCompletionRequest) -> Result<ChatRequest, Reject> {
+    let value = serde_json::to_value(req).map_err(|e| bad(e.to_string()))?;
+    let mut chat: ChatRequest = serde_json::from_value(value).map_err(|e| bad(e.to_string()))?;
+    chat.endpoint = Endpoint::ChatCompletions;
+    Ok(chat)
+}
+
 /// Chat: the engine's own rendering rules, then the tokens.
 pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Reject> {
     let mut req = ChatCompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
@@ -241,9 +253,7 @@ pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Rejec
     let tokens = match client_ids {
         Some(ids) => Some(ids),
         None => {
-            let mut chat: ChatRequest =
-                serde_json::from_slice(&body).map_err(|e| bad(e.to_string()))?;
-            chat.endpoint = Endpoint::ChatCompletions;
+            let chat = chat_view(&req)?;
             let t = Instant::now();
             // Small requests tokenize in place: a hop to the pool and back
             // costs more CPU (two thread wake-ups) than their tokenization.
@@ -415,5 +425,36 @@ fn finish(
         adapter: identity.lora.clone(),
         original,
         with_tokens,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The renderer sees the same request whether it is read from the
+    /// typed request or parsed from the body: every field kvgate knows, the
+    /// ones it does not, nulls, nesting, numbers and escapes.
+    #[test]
+    fn the_chat_view_equals_a_second_parse_of_the_body() {
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+            r#"{"messages":[{"role":"system","content":"be \"brief\"\n\u00e9"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"u"}}],"name":null,"x":1.5}],"stream":true,"max_tokens":7}"#,
+            r#"{"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c","content":"42"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"tool_choice":"auto"}"#,
+            r#"{"messages":[{"role":"user","content":"q","reasoning_content":"r"}],"chat_template_kwargs":{"enable_thinking":false},"add_generation_prompt":false,"continue_final_message":true,"add_special_tokens":true,"documents":[{"text":"d"}],"reasoning_effort":"low","seed":-3,"temperature":0.1,"kv_transfer_params":{"a":null}}"#,
+            r#"{"messages":[],"chat_template":"{{ messages }}","top_k":null,"logit_bias":{"12":-100}}"#,
+        ];
+        for body in bodies {
+            let req = ChatCompletionRequest::from_slice(body.as_bytes()).expect(body);
+            let view = chat_view(&req).expect(body);
+            let mut parsed: ChatRequest = serde_json::from_str(body).expect(body);
+            parsed.endpoint = Endpoint::ChatCompletions;
+            assert_eq!(
+                serde_json::to_string(&view).expect("view"),
+                serde_json::to_string(&parsed).expect("parsed"),
+                "{body}"
+            );
+            assert_eq!(view.endpoint, parsed.endpoint);
+        }
     }
 }

@@ -232,7 +232,9 @@ pub(crate) fn max_output_tokens(extra: &Map<String, Value>) -> Option<u64> {
 /// duplicate key would be rejected or resolved differently by the engine).
 fn append_prompt_token_ids(body: &[u8], token_ids: &[u32]) -> Option<Vec<u8>> {
     const KEY: &[u8] = b"kv_transfer_params";
-    if body.windows(KEY.len()).any(|w| w == KEY) {
+    // memmem, not a window-by-window compare: the body is the whole prompt
+    // (tens of kilobytes), and the naive scan cost ~2 ns per byte.
+    if memchr::memmem::find(body, KEY).is_some() {
         return None;
     }
     let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
