@@ -19,7 +19,7 @@
 
 use std::time::{Duration, Instant};
 
-use kvgate_index::BlockKey;
+use kvgate_index::{BlockKey, ReplicaId};
 use kvgate_router::{Booking, Outcome, PdCounts, PdPlan, RouteRequest};
 use kvgate_sim::CacheIdentity;
 
@@ -68,8 +68,6 @@ impl Fleet {
         let t0 = Instant::now();
         let plan = planner.plan((&mut p.router, &p.index), (&mut d.router, &d.index), &req, now);
         rec.decide_ns = t0.elapsed().as_nanos() as u64;
-        let global =
-            |pool: &super::Pool, id| pool.replicas.iter().copied().find(|&g| self.ids[g] == id);
         match plan {
             Ok(PdPlan::Aggregated(routed)) => {
                 self.start_whole(1, i, tokens, output_tokens, routed, rec)
@@ -78,7 +76,8 @@ impl Fleet {
                 self.start_whole(0, i, tokens, output_tokens, routed, rec)
             }
             Ok(PdPlan::Split { prefill, decode }) => {
-                let (Some(pg), Some(dg)) = (global(p, prefill.replica), global(d, decode.replica))
+                let (Some(pg), Some(dg)) =
+                    (self.global(0, prefill.replica), self.global(1, decode.replica))
                 else {
                     return self.unserved_record(rec);
                 };
@@ -122,8 +121,7 @@ impl Fleet {
         routed: kvgate_router::Routed,
         mut rec: Record,
     ) {
-        let id = routed.replica;
-        let Some(g) = self.pools[pool].replicas.iter().copied().find(|&g| self.ids[g] == id) else {
+        let Some(g) = self.global(pool, routed.replica) else {
             return self.unserved_record(rec);
         };
         rec.routed_cached_blocks = routed.cached_blocks;
@@ -136,6 +134,11 @@ impl Fleet {
             self.unserved += 1;
         }
         self.records.push(rec);
+    }
+
+    /// The fleet-wide replica of pool `pool` that its router calls `id`.
+    fn global(&self, pool: usize, id: ReplicaId) -> Option<usize> {
+        self.pools[pool].replicas.iter().copied().find(|&g| self.ids[g] == id)
     }
 
     fn unserved_record(&mut self, rec: Record) {
