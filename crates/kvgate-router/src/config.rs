@@ -268,6 +268,12 @@ pub struct RouterConfig {
     pub selection: Selection,
     /// Relative cost band treated as a tie (`selection = "rotate"`, `"balance"` or `"epsilon"`).
     pub epsilon: f64,
+    /// The band for a fresh request, one no replica holds any of
+    /// (`selection = "rotate"` or `"balance"`): its near-ties are ordered
+    /// by the work recently routed to each replica, so new sessions spread
+    /// by work, not by the instantaneous queue (docs/routing.md, "Fresh
+    /// requests").
+    pub fresh_epsilon: f64,
     /// Softmax temperature, relative to the best cost (`selection = "softmax"`).
     pub temperature: f64,
     /// Seed of the router's randomness; none draws one at startup.
@@ -322,6 +328,7 @@ impl Default for RouterConfig {
             policy: PolicyKind::KvAware,
             selection: Selection::Rotate,
             epsilon: 0.1,
+            fresh_epsilon: 0.3,
             temperature: 0.05,
             seed: None,
             cost: CostModelConfig::default(),
@@ -366,6 +373,7 @@ impl RouterConfig {
             ("cost.future_work_weight", c.future_work_weight),
             ("cost.adapter_load_ms", c.adapter_load_ms),
             ("epsilon", self.epsilon),
+            ("fresh_epsilon", self.fresh_epsilon),
             ("linear_overlap_weight", self.linear_overlap_weight),
             ("busy_kv_usage", self.busy_kv_usage),
         ] {

@@ -11,7 +11,7 @@ use crate::config::PolicyKind;
 use crate::decide::RouteRequest;
 use crate::explain::{Candidate, Reason};
 use crate::router::Router;
-use crate::select::{pick_cost, pick_min};
+use crate::select::{pick_cost, pick_min, Band};
 
 /// Inserts between two LRU trims of the `approx_prefix` memory.
 const APPROX_EVICT_EVERY: u64 = 1024;
@@ -36,11 +36,9 @@ impl Router {
                 let c = &self.config;
                 let last = &self.last_chosen;
                 let attraction = &self.attraction;
-                let balance = c.selection == crate::config::Selection::Balance;
                 let order = |i: usize| {
                     let slot = cands[i].replica.index();
-                    let work = if balance { attraction.share(slot) } else { 0.0 };
-                    (work, last.get(slot).copied().unwrap_or(0))
+                    (attraction.share(slot), last.get(slot).copied().unwrap_or(0))
                 };
                 let cached = |i: usize| {
                     let c = &cands[i];
@@ -49,7 +47,7 @@ impl Router {
                 let r = pick_cost(
                     &costs,
                     c.selection,
-                    c.epsilon,
+                    Band { epsilon: c.epsilon, fresh: c.fresh_epsilon },
                     c.temperature,
                     &mut self.rng,
                     order,
@@ -139,7 +137,7 @@ impl Router {
         let r = pick_cost(
             &costs,
             crate::config::Selection::Epsilon,
-            0.0,
+            Band { epsilon: 0.0, fresh: 0.0 },
             1.0,
             &mut self.rng,
             |_| (0.0, 0),

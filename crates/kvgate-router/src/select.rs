@@ -2,6 +2,8 @@
 //! rotate (or are drawn at random), so a burst of identical requests spreads
 //! over equally good replicas instead of piling onto the first.
 
+use std::cmp::Ordering;
+
 use rand::rngs::SmallRng;
 use rand::Rng;
 
@@ -10,17 +12,25 @@ use crate::explain::Reason;
 
 /// Picks among `costs` (index, cost), lowest is best. `None` when empty.
 /// `order(index)` orders near-ties for `Selection::Rotate` and
-/// `Selection::Balance`, smallest first: (recent work, last chosen); the
-/// caller gives 0 work for `Rotate`. `cached(index)` is the prefix a candidate already
+/// `Selection::Balance`, smallest first: (recent work, last chosen);
+/// `Rotate` ignores the work unless the request is fresh (below).
+/// `cached(index)` is the prefix a candidate already
 /// holds: near-ties are only those that hold the most of it among the
 /// near band, so a replica that would recompute a prefix another one holds
 /// is chosen only when it is clearly cheaper, never by rotation. With no
 /// reuse every candidate holds the same (nothing), and near-ties rotate
 /// over all of them.
+///
+/// A *fresh* request is one no candidate holds any of. It has nothing to
+/// stick to, so what its placement decides is where the session it may
+/// start will grow: its near-ties are those within `band.fresh` of the best
+/// (not `band.epsilon`), ordered by recent work for both `Rotate` and
+/// `Balance`, so new sessions spread by the work routed to each replica,
+/// not by the instantaneous queue alone.
 pub(crate) fn pick_cost(
     costs: &[(usize, f64)],
     selection: Selection,
-    epsilon: f64,
+    band: Band,
     temperature: f64,
     rng: &mut SmallRng,
     order: impl Fn(usize) -> (f64, u64),
@@ -35,6 +45,9 @@ pub(crate) fn pick_cost(
     }
     match selection {
         Selection::Epsilon | Selection::Rotate | Selection::Balance => {
+            let fresh = selection != Selection::Epsilon && costs.iter().all(|c| cached(c.0) == 0);
+            let by_work = fresh || selection == Selection::Balance;
+            let epsilon = if fresh { band.fresh } else { band.epsilon };
             // A tiny absolute slack keeps exact ties (zero costs) a tie.
             let band = best + best.abs() * epsilon + 1e-12;
             let most = costs.iter().filter(|c| c.1 <= band).map(|c| cached(c.0)).max()?;
@@ -45,7 +58,8 @@ pub(crate) fn pick_cost(
             } else {
                 near.min_by(|a, b| {
                     let (a, b) = (order(a.0), order(b.0));
-                    a.0.total_cmp(&b.0).then(a.1.cmp(&b.1))
+                    let work = if by_work { a.0.total_cmp(&b.0) } else { Ordering::Equal };
+                    work.then(a.1.cmp(&b.1))
                 })
             }?
             .0;
@@ -69,6 +83,22 @@ pub(crate) fn pick_cost(
     }
 }
 
+/// The relative cost bands treated as a tie: `epsilon` for requests some
+/// candidate holds part of, `fresh` for those none does.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Band {
+    pub(crate) epsilon: f64,
+    pub(crate) fresh: f64,
+}
+
+impl Band {
+    /// One band for both kinds of request.
+    #[cfg(test)]
+    pub(crate) fn same(epsilon: f64) -> Band {
+        Band { epsilon, fresh: epsilon }
+    }
+}
+
 /// The minimum of integer scores, ties broken uniformly.
 pub(crate) fn pick_min<T: Ord + Copy>(items: &[(usize, T)], rng: &mut SmallRng) -> Option<usize> {
     let best = items.iter().map(|c| c.1).min()?;
@@ -88,7 +118,16 @@ mod tests {
     fn rotate(costs: &[(usize, f64)], eps: f64, last: &[u64], cached: &[u32]) -> (usize, Reason) {
         let mut rng = SmallRng::seed_from_u64(1);
         let held = |i: usize| cached.get(i).copied().unwrap_or(0);
-        pick_cost(costs, Selection::Rotate, eps, 0.1, &mut rng, |i| (0.0, last[i]), held).unwrap()
+        pick_cost(
+            costs,
+            Selection::Rotate,
+            Band::same(eps),
+            0.1,
+            &mut rng,
+            |i| (0.0, last[i]),
+            held,
+        )
+        .unwrap()
     }
 
     #[test]
@@ -97,15 +136,30 @@ mod tests {
         let costs = [(0, 1.0), (1, 1.01), (2, 2.0)];
         let mut seen = [0; 3];
         for _ in 0..1000 {
-            let (i, _) =
-                pick_cost(&costs, Selection::Epsilon, 0.05, 0.1, &mut rng, |_| (0.0, 0), |_| 0)
-                    .unwrap();
+            let (i, _) = pick_cost(
+                &costs,
+                Selection::Epsilon,
+                Band::same(0.05),
+                0.1,
+                &mut rng,
+                |_| (0.0, 0),
+                |_| 0,
+            )
+            .unwrap();
             seen[i] += 1;
         }
         assert_eq!(seen[2], 0);
         assert!(seen[0] > 400 && seen[1] > 400, "{seen:?}");
-        let (i, r) =
-            pick_cost(&costs, Selection::Epsilon, 0.0, 0.1, &mut rng, |_| (0.0, 0), |_| 0).unwrap();
+        let (i, r) = pick_cost(
+            &costs,
+            Selection::Epsilon,
+            Band::same(0.0),
+            0.1,
+            &mut rng,
+            |_| (0.0, 0),
+            |_| 0,
+        )
+        .unwrap();
         assert_eq!((i, r), (0, Reason::LowestCost));
     }
 
@@ -115,9 +169,17 @@ mod tests {
         let costs = [(0, 1.0), (1, 1.1)];
         let mut seen = [0; 2];
         for _ in 0..2000 {
-            seen[pick_cost(&costs, Selection::Softmax, 0.0, 0.1, &mut rng, |_| (0.0, 0), |_| 0)
-                .unwrap()
-                .0] += 1;
+            seen[pick_cost(
+                &costs,
+                Selection::Softmax,
+                Band::same(0.0),
+                0.1,
+                &mut rng,
+                |_| (0.0, 0),
+                |_| 0,
+            )
+            .unwrap()
+            .0] += 1;
         }
         assert!(seen[0] > seen[1] && seen[1] > 200, "{seen:?}");
     }
@@ -133,7 +195,7 @@ mod tests {
         assert_eq!(seen[0], 0);
         assert!(seen[1] > 100 && seen[2] > 100);
         assert_eq!(
-            pick_cost(&[], Selection::Epsilon, 0.1, 0.1, &mut rng, |_| (0.0, 0), |_| 0),
+            pick_cost(&[], Selection::Epsilon, Band::same(0.1), 0.1, &mut rng, |_| (0.0, 0), |_| 0),
             None
         );
     }
@@ -187,11 +249,58 @@ mod tests {
         let last = [1u64, 2, 3, 0];
         let work = [9000.0, 1000.0, 1000.0, 0.0];
         let pick = |sel, rng: &mut SmallRng| {
-            pick_cost(&costs, sel, 0.1, 0.1, rng, |i| (work[i], last[i]), |_| 0).unwrap().0
+            pick_cost(&costs, sel, Band::same(0.1), 0.1, rng, |i| (work[i], last[i]), |_| 0)
+                .unwrap()
+                .0
         };
         assert_eq!(pick(Selection::Balance, &mut rng), 1, "least work, then longest ago");
         assert_eq!(rotate(&costs, 0.1, &last, &[]).0, 0, "rotate ignores work");
         // The clear loser stays out, however little work it was given.
         assert_ne!(pick(Selection::Balance, &mut rng), 3);
+    }
+
+    /// A fresh request (no candidate holds any of it) under `rotate` takes
+    /// the near-tie within the fresh band given the least recent work; one
+    /// that some candidate holds part of is still chosen by recency within
+    /// `epsilon`, work ignored.
+    #[test]
+    fn fresh_requests_take_the_near_tie_given_the_least_work() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let costs = [(0, 1.0), (1, 1.05), (2, 1.25), (3, 2.0)];
+        let last = [1u64, 2, 3, 0];
+        let work = [9000.0, 5000.0, 1000.0, 0.0];
+        let band = Band { epsilon: 0.1, fresh: 0.3 };
+        let mut pick = |held: [u32; 4]| {
+            let (i, _) = pick_cost(
+                &costs,
+                Selection::Rotate,
+                band,
+                0.1,
+                &mut rng,
+                |i| (work[i], last[i]),
+                |i| held[i],
+            )
+            .unwrap();
+            i
+        };
+        // Fresh: replica 2 is within 30 % and was given the least work;
+        // replica 3, twice the cost, stays out.
+        assert_eq!(pick([0; 4]), 2);
+        // Candidate 3 holds a little of the prompt: no longer fresh, and
+        // among 0 and 1 (within 10 %, equal holdings) recency decides.
+        assert_eq!(pick([0, 0, 0, 1]), 0);
+        // With one band for both, the fresh request's near-ties are 0 and
+        // 1, and of those 1 was given less work.
+        let (i, _) = pick_cost(
+            &costs,
+            Selection::Rotate,
+            Band::same(0.1),
+            0.1,
+            &mut rng,
+            |i| (work[i], last[i]),
+            |_| 0,
+        )
+        .unwrap();
+        assert_eq!(i, 1);
     }
 }

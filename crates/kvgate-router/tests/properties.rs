@@ -88,8 +88,18 @@ proptest! {
 
 const REPLICAS: u32 = 4;
 
+/// A router whose near-tie bands (for fresh requests too) are `epsilon`:
+/// with 0 the choice is the cost model's argmin, which is what the
+/// least-load properties check; the bands only widen which near-equal
+/// replica wins.
 fn router(policy: PolicyKind, epsilon: f64) -> Router {
-    let cfg = RouterConfig { policy, epsilon, seed: Some(7), ..RouterConfig::default() };
+    let cfg = RouterConfig {
+        policy,
+        epsilon,
+        fresh_epsilon: epsilon,
+        seed: Some(7),
+        ..RouterConfig::default()
+    };
     let mut r = Router::new(cfg, Arc::new(RouterMetrics::default())).unwrap();
     for i in 0..REPLICAS {
         r.add_replica(ReplicaId(i), ReplicaInfo::new(format!("r{i}"), 16)).unwrap();
