@@ -238,25 +238,36 @@ mod tests {
         assert_eq!(i, 1);
     }
 
+    /// The choice of `selection` within `band` among `costs`, near-ties
+    /// ordered by (`work`, `last`), `held` the prefix each candidate holds.
+    fn pick_with(
+        sel: Selection,
+        band: Band,
+        costs: &[(usize, f64)],
+        work: &[f64],
+        last: &[u64],
+        held: &[u32],
+    ) -> usize {
+        let mut rng = SmallRng::seed_from_u64(1);
+        pick_cost(costs, sel, band, 0.1, &mut rng, |i| (work[i], last[i]), |i| held[i]).unwrap().0
+    }
+
     /// `balance` orders near-ties by recent work first: on requests of
     /// unequal size a count rotation hands the replica that just took a
     /// long prompt its next turn anyway; by work it waits until the others
     /// caught up. Exact work ties fall back to the rotation.
     #[test]
     fn balance_takes_the_near_tie_given_the_least_work() {
-        let mut rng = SmallRng::seed_from_u64(1);
         let costs = [(0, 1.0), (1, 1.01), (2, 1.02), (3, 2.0)];
         let last = [1u64, 2, 3, 0];
         let work = [9000.0, 1000.0, 1000.0, 0.0];
-        let pick = |sel, rng: &mut SmallRng| {
-            pick_cost(&costs, sel, Band::same(0.1), 0.1, rng, |i| (work[i], last[i]), |_| 0)
-                .unwrap()
-                .0
-        };
-        assert_eq!(pick(Selection::Balance, &mut rng), 1, "least work, then longest ago");
-        assert_eq!(rotate(&costs, 0.1, &last, &[]).0, 0, "rotate ignores work");
+        // Every candidate holds a little of the prompt: not fresh.
+        let held = [1u32; 4];
+        let pick = |sel| pick_with(sel, Band::same(0.1), &costs, &work, &last, &held);
+        assert_eq!(pick(Selection::Balance), 1, "least work, then longest ago");
+        assert_eq!(pick(Selection::Rotate), 0, "rotate ignores work");
         // The clear loser stays out, however little work it was given.
-        assert_ne!(pick(Selection::Balance, &mut rng), 3);
+        assert_ne!(pick(Selection::Balance), 3);
     }
 
     /// A fresh request (no candidate holds any of it) under `rotate` takes
@@ -265,42 +276,20 @@ mod tests {
     /// `epsilon`, work ignored.
     #[test]
     fn fresh_requests_take_the_near_tie_given_the_least_work() {
-        let mut rng = SmallRng::seed_from_u64(1);
         let costs = [(0, 1.0), (1, 1.05), (2, 1.25), (3, 2.0)];
         let last = [1u64, 2, 3, 0];
         let work = [9000.0, 5000.0, 1000.0, 0.0];
         let band = Band { epsilon: 0.1, fresh: 0.3 };
-        let mut pick = |held: [u32; 4]| {
-            let (i, _) = pick_cost(
-                &costs,
-                Selection::Rotate,
-                band,
-                0.1,
-                &mut rng,
-                |i| (work[i], last[i]),
-                |i| held[i],
-            )
-            .unwrap();
-            i
-        };
+        let pick =
+            |band, held: &[u32]| pick_with(Selection::Rotate, band, &costs, &work, &last, held);
         // Fresh: replica 2 is within 30 % and was given the least work;
         // replica 3, twice the cost, stays out.
-        assert_eq!(pick([0; 4]), 2);
+        assert_eq!(pick(band, &[0; 4]), 2);
         // Candidate 3 holds a little of the prompt: no longer fresh, and
         // among 0 and 1 (within 10 %, equal holdings) recency decides.
-        assert_eq!(pick([0, 0, 0, 1]), 0);
+        assert_eq!(pick(band, &[0, 0, 0, 1]), 0);
         // With one band for both, the fresh request's near-ties are 0 and
         // 1, and of those 1 was given less work.
-        let (i, _) = pick_cost(
-            &costs,
-            Selection::Rotate,
-            Band::same(0.1),
-            0.1,
-            &mut rng,
-            |i| (work[i], last[i]),
-            |_| 0,
-        )
-        .unwrap();
-        assert_eq!(i, 1);
+        assert_eq!(pick(Band::same(0.1), &[0; 4]), 1);
     }
 }
