@@ -541,21 +541,26 @@ def ensure_tokenizer() -> None:
     log(f"setup: tokenizer in {TOKENIZER_DIR}")
 
 
-def ensure_kvgate(build: bool) -> None:
-    if build:
+def ensure_kvgate(build: bool, binary: Path | None = None) -> None:
+    """Builds (unless told not to) and copies the kvgate binary the run uses.
+    `binary` replaces target/release/kvgate (an A/B of two builds) and is
+    never built."""
+    source = binary if binary is not None else BUILT_KVGATE
+    if build and binary is None:
         log("setup: cargo build --release -p kvgate ...")
         r = subprocess.run(["cargo", "build", "--release", "-p", "kvgate"], cwd=ROOT)
         if r.returncode != 0:
             raise BenchError("cargo build --release -p kvgate failed")
-    if not BUILT_KVGATE.exists():
-        raise BenchError(f"{BUILT_KVGATE} is missing (run without --no-build)")
+    if not source.is_file() or not os.access(source, os.X_OK):
+        hint = "--kvgate-bin must name an executable file" if binary is not None else "run without --no-build"
+        raise BenchError(f"{source} is missing or not executable ({hint})")
     # Run a private copy: a rebuild of target/release during a long run must not
     # change the binary half-way (the machine is shared with other builds).
     global KVGATE
     KVGATE = CACHE / "bin" / "kvgate"
     KVGATE.parent.mkdir(parents=True, exist_ok=True)
     tmp = KVGATE.with_suffix(".tmp")
-    shutil.copy2(BUILT_KVGATE, tmp)
+    shutil.copy2(source, tmp)
     tmp.replace(KVGATE)
 
 
@@ -1179,6 +1184,9 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=None, help="request rate of every run (overrides the levels')")
     ap.add_argument("--out", default=None, help="output folder (default .cache/bench/results/<timestamp>)")
     ap.add_argument("--no-build", action="store_true", help="use target/release/kvgate as it is")
+    ap.add_argument("--kvgate-bin", type=Path, default=None,
+                    help="run this kvgate binary instead of target/release/kvgate (for an A/B of two builds; "
+                         "never built; its sha256 is recorded, the commit recorded is the tree's)")
     ap.add_argument("--no-install", action="store_true", help="only verify the pinned versions")
     ap.add_argument("--diagnose", action="store_true",
                     help="kvgate keeps every routing decision; each kvgate run saves admin_decisions.json")
@@ -1220,7 +1228,7 @@ def main() -> int:
     else:
         versions = ensure_pins(py, PINS, "the bench venv")
     ensure_tokenizer()
-    ensure_kvgate(build=not args.no_build)
+    ensure_kvgate(build=not args.no_build, binary=args.kvgate_bin)
     versions["kvgate"] = {
         "commit": git("rev-parse", "HEAD"),
         "describe": git("describe", "--always", "--dirty"),
@@ -1228,7 +1236,8 @@ def main() -> int:
         "version": subprocess.run([str(KVGATE), "--version"], capture_output=True, text=True).stdout.strip(),
         "binary_built_at": _dt.datetime.fromtimestamp(KVGATE.stat().st_mtime, _dt.timezone.utc).isoformat(timespec="seconds"),
         "binary_sha256": file_sha256(KVGATE),
-        "built_by_this_run": not args.no_build,
+        "built_by_this_run": not args.no_build and args.kvgate_bin is None,
+        "binary_given": str(args.kvgate_bin) if args.kvgate_bin is not None else None,
     }
     dynamo_reason = None
     if any(r in DYNAMO_ROUTERS for r in routers):
@@ -1353,4 +1362,10 @@ def main() -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BenchError as e:
+        # Setup failures (installs, the binary, the tokenizer) are the
+        # user's to fix: say what, without a traceback.
+        print(f"peers.py: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -33,11 +33,14 @@ def markdown(results: dict) -> str:
     kv = v.get("kvgate") or {}
     cfg = results.get("config", {})
     fleet = cfg.get("fleet", {})
+    # An A/B run names its binary (`--kvgate-bin`): the tree's commit is not what ran.
+    given = (f"binary {kv.get('binary_given')} (sha256 {str(kv.get('binary_sha256'))[:12]}) in the tree of "
+             if kv.get("binary_given") else "")
     lines = [
         "# kvgate vs the peer routers, live",
         "",
         f"- generated {results.get('generated_at')} by `{results.get('command')}` in {results.get('wall_s', 0) / 60:.1f} min",
-        f"- kvgate {kv.get('describe') or kv.get('commit')} (commit {kv.get('commit')}, kvgate crates dirty: {kv.get('dirty')}); "
+        f"- kvgate {given}{kv.get('describe') or kv.get('commit')} (commit {kv.get('commit')}, kvgate crates dirty: {kv.get('dirty')}); "
         f"vllm {v.get('vllm')} (client `vllm bench serve`), vllm-router {v.get('vllm-router')}, smg {v.get('smg')}, "
         f"ai-dynamo {(v.get('ai-dynamo') or {}).get('ai-dynamo') if isinstance(v.get('ai-dynamo'), dict) else v.get('ai-dynamo')}",
         f"- machine: {results.get('machine', {}).get('cpus')} CPUs ({results.get('machine', {}).get('cpu_model')}), "
