@@ -62,6 +62,11 @@ impl AdapterTable {
         Some(id)
     }
 
+    /// The id of `name` if it was interned (no insertion).
+    pub(crate) fn id(&self, name: &str) -> Option<AdapterId> {
+        self.ids.get(name).copied()
+    }
+
     fn slots_mut(&mut self, replica: ReplicaId) -> &mut Slots {
         let i = replica.index();
         if self.replicas.len() <= i {

@@ -36,6 +36,12 @@ impl Router {
                 let c = &self.config;
                 let last = &self.last_chosen;
                 let attraction = &self.attraction;
+                // A request for an adapter some candidate holds in a slot is
+                // not fresh: that replica saves the load (select.rs).
+                let adapters = &self.adapters;
+                let adapter_held = req.adapter.and_then(|a| adapters.id(a)).is_some_and(|a| {
+                    eligible.iter().any(|&i| adapters.resident(cands[i].replica, a))
+                });
                 let order = |i: usize| {
                     let slot = cands[i].replica.index();
                     (attraction.share(slot), last.get(slot).copied().unwrap_or(0))
@@ -47,7 +53,7 @@ impl Router {
                 let r = pick_cost(
                     &costs,
                     c.selection,
-                    Band { epsilon: c.epsilon, fresh: c.fresh_epsilon },
+                    Band { epsilon: c.epsilon, fresh: (!adapter_held).then_some(c.fresh_epsilon) },
                     c.temperature,
                     &mut self.rng,
                     order,
@@ -137,7 +143,7 @@ impl Router {
         let r = pick_cost(
             &costs,
             crate::config::Selection::Epsilon,
-            Band { epsilon: 0.0, fresh: 0.0 },
+            Band { epsilon: 0.0, fresh: None },
             1.0,
             &mut self.rng,
             |_| (0.0, 0),

@@ -45,9 +45,11 @@ pub(crate) fn pick_cost(
     }
     match selection {
         Selection::Epsilon | Selection::Rotate | Selection::Balance => {
-            let fresh = selection != Selection::Epsilon && costs.iter().all(|c| cached(c.0) == 0);
-            let by_work = fresh || selection == Selection::Balance;
-            let epsilon = if fresh { band.fresh } else { band.epsilon };
+            let fresh_band = band.fresh.filter(|_| {
+                selection != Selection::Epsilon && costs.iter().all(|c| cached(c.0) == 0)
+            });
+            let by_work = fresh_band.is_some() || selection == Selection::Balance;
+            let epsilon = fresh_band.unwrap_or(band.epsilon);
             // A tiny absolute slack keeps exact ties (zero costs) a tie.
             let band = best + best.abs() * epsilon + 1e-12;
             let most = costs.iter().filter(|c| c.1 <= band).map(|c| cached(c.0)).max()?;
@@ -84,18 +86,19 @@ pub(crate) fn pick_cost(
 }
 
 /// The relative cost bands treated as a tie: `epsilon` for requests some
-/// candidate holds part of, `fresh` for those none does.
+/// candidate holds part of, `fresh` for those none does (`None`: this
+/// request is never treated as fresh).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Band {
     pub(crate) epsilon: f64,
-    pub(crate) fresh: f64,
+    pub(crate) fresh: Option<f64>,
 }
 
 impl Band {
     /// One band for both kinds of request.
     #[cfg(test)]
     pub(crate) fn same(epsilon: f64) -> Band {
-        Band { epsilon, fresh: epsilon }
+        Band { epsilon, fresh: Some(epsilon) }
     }
 }
 
@@ -279,7 +282,7 @@ mod tests {
         let costs = [(0, 1.0), (1, 1.05), (2, 1.25), (3, 2.0)];
         let last = [1u64, 2, 3, 0];
         let work = [9000.0, 5000.0, 1000.0, 0.0];
-        let band = Band { epsilon: 0.1, fresh: 0.3 };
+        let band = Band { epsilon: 0.1, fresh: Some(0.3) };
         let pick =
             |band, held: &[u32]| pick_with(Selection::Rotate, band, &costs, &work, &last, held);
         // Fresh: replica 2 is within 30 % and was given the least work;
@@ -291,5 +294,7 @@ mod tests {
         // With one band for both, the fresh request's near-ties are 0 and
         // 1, and of those 1 was given less work.
         assert_eq!(pick(Band::same(0.1), &[0; 4]), 1);
+        // No fresh band (an adapter some replica holds): recency within 10 %.
+        assert_eq!(pick(Band { epsilon: 0.1, fresh: None }, &[0; 4]), 0);
     }
 }
