@@ -133,36 +133,28 @@ mod tests {
         .unwrap()
     }
 
+    /// `selection` within one band `eps`, near-ties unordered and nothing held.
+    fn plain(
+        costs: &[(usize, f64)],
+        sel: Selection,
+        eps: f64,
+        rng: &mut SmallRng,
+    ) -> Option<(usize, Reason)> {
+        pick_cost(costs, sel, Band::same(eps), 0.1, rng, |_| (0.0, 0), |_| 0)
+    }
+
     #[test]
     fn epsilon_band_spreads_near_ties_and_keeps_clear_winners() {
         let mut rng = SmallRng::seed_from_u64(1);
         let costs = [(0, 1.0), (1, 1.01), (2, 2.0)];
         let mut seen = [0; 3];
         for _ in 0..1000 {
-            let (i, _) = pick_cost(
-                &costs,
-                Selection::Epsilon,
-                Band::same(0.05),
-                0.1,
-                &mut rng,
-                |_| (0.0, 0),
-                |_| 0,
-            )
-            .unwrap();
+            let (i, _) = plain(&costs, Selection::Epsilon, 0.05, &mut rng).unwrap();
             seen[i] += 1;
         }
         assert_eq!(seen[2], 0);
         assert!(seen[0] > 400 && seen[1] > 400, "{seen:?}");
-        let (i, r) = pick_cost(
-            &costs,
-            Selection::Epsilon,
-            Band::same(0.0),
-            0.1,
-            &mut rng,
-            |_| (0.0, 0),
-            |_| 0,
-        )
-        .unwrap();
+        let (i, r) = plain(&costs, Selection::Epsilon, 0.0, &mut rng).unwrap();
         assert_eq!((i, r), (0, Reason::LowestCost));
     }
 
@@ -172,17 +164,7 @@ mod tests {
         let costs = [(0, 1.0), (1, 1.1)];
         let mut seen = [0; 2];
         for _ in 0..2000 {
-            seen[pick_cost(
-                &costs,
-                Selection::Softmax,
-                Band::same(0.0),
-                0.1,
-                &mut rng,
-                |_| (0.0, 0),
-                |_| 0,
-            )
-            .unwrap()
-            .0] += 1;
+            seen[plain(&costs, Selection::Softmax, 0.0, &mut rng).unwrap().0] += 1;
         }
         assert!(seen[0] > seen[1] && seen[1] > 200, "{seen:?}");
     }
@@ -197,10 +179,7 @@ mod tests {
         }
         assert_eq!(seen[0], 0);
         assert!(seen[1] > 100 && seen[2] > 100);
-        assert_eq!(
-            pick_cost(&[], Selection::Epsilon, Band::same(0.1), 0.1, &mut rng, |_| (0.0, 0), |_| 0),
-            None
-        );
+        assert_eq!(plain(&[], Selection::Epsilon, 0.1, &mut rng), None);
     }
 
     #[test]
