@@ -181,8 +181,31 @@ fn log_embedded(config: &GatewayConfig, pool: &str, r: &[ReplicaConfig]) {
     );
 }
 
+/// Holds the configured listen addresses (fixed ports only) while the
+/// embedded simulated replicas bind theirs: those take ephemeral loopback
+/// ports, and without the hold one could take the port the gateway is
+/// about to listen on (seen in CI: `cannot listen on 127.0.0.1:44423`, the
+/// port of a replica the same process had just started). A port already in
+/// use fails here, before any replica starts.
+fn hold_listen_ports(config: &GatewayConfig) -> anyhow::Result<Vec<std::net::TcpListener>> {
+    let addrs = [
+        Some(config.listen),
+        config.admin_listen,
+        config.metrics_listen,
+        config.peers.listen,
+        config.epp.listen,
+    ];
+    addrs
+        .into_iter()
+        .flatten()
+        .filter(|a| a.port() != 0)
+        .map(|a| std::net::TcpListener::bind(a).with_context(|| format!("cannot listen on {a}")))
+        .collect()
+}
+
 pub(crate) async fn run(mut config: GatewayConfig) -> anyhow::Result<()> {
     let mut sims = Vec::new();
+    let held = hold_listen_ports(&config)?;
     if config.pools.is_empty() {
         if config.replicas.is_empty() && config.discovery.dns.is_none() {
             let model = config.model.clone();
@@ -206,6 +229,7 @@ pub(crate) async fn run(mut config: GatewayConfig) -> anyhow::Result<()> {
         }
     }
     let release = config.memory_release_ms > 0;
+    drop(held);
     let gateway = Gateway::start(config).await?;
     // Loading the tokenizer freed its JSON parse (~200 MB); give it back
     // now rather than leave it resident until traffic starts.

@@ -116,6 +116,23 @@ fn serve_with_no_replicas_runs_simulated_ones_and_stops_on_sigterm() {
 /// An event endpoint that cannot be dialled is refused at start, with the
 /// replica and the expected form named; not discovered later as a feed that
 /// restarts forever.
+/// A listen port already in use is refused with its address, before the
+/// simulated replicas start (serve holds its ports while they bind theirs).
+#[test]
+fn serve_refuses_a_listen_port_in_use() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let [admin] = free_ports();
+    let out = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["serve", "--listen", &addr, "--admin-listen", &format!("127.0.0.1:{admin}")])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot listen on {addr}")), "{err}");
+    assert!(!err.contains("started simulated vLLM replicas"), "replicas started first: {err}");
+}
+
 #[test]
 fn serve_refuses_an_event_endpoint_that_does_not_parse() {
     for ep in ["tcp://127.0.0.1:notaport", "tcp://:5557", "tcp://h:+5", "tcp://h:0", "ipc:///x"] {
