@@ -6,6 +6,13 @@ script's output with the defaults; re-run it to check or to change the trace:
 
     python3 bench/make_trace.py > bench/traces/agentic.jsonl
 
+`--seed N` draws another trace of the same shape (other session lengths,
+start times and gaps), for checking that a result holds beyond the one
+committed draw (docs/peers.md, Run 20):
+
+    python3 bench/make_trace.py --seed 18 > /tmp/agentic-18.jsonl
+    bash bench/peers.sh --quick --workloads timed_trace --trace /tmp/agentic-18.jsonl
+
 Format (Mooncake FAST'25 traces, what `vllm bench serve --dataset-name
 timed_trace --timed-trace-chunk-hash-size 512` reads): one JSON object per
 line, `timestamp` (ms from the start, non-decreasing), `input_length`
@@ -21,6 +28,7 @@ start spread over the first part of the trace; steps follow each other after
 a short exponential gap.
 """
 
+import argparse
 import json
 import random
 import sys
@@ -37,7 +45,9 @@ OUTPUT_RANGE = (32, 96)
 
 
 def main() -> None:
-    rng = random.Random(SEED)
+    ap = argparse.ArgumentParser(description="Write the peer bench's agentic trace (Mooncake JSONL) to stdout.")
+    ap.add_argument("--seed", type=int, default=SEED, help=f"random seed (default {SEED}: the committed trace)")
+    rng = random.Random(ap.parse_args().seed)
     next_id = SHARED_BLOCKS  # ids 0..SHARED_BLOCKS-1 are the shared prefix
 
     def fresh(n: int) -> list[int]:

@@ -1095,9 +1095,50 @@ def measure_repeat(args, rid: str, wname: str, level: str, rate: float, n: int, 
 _TRACE_STATS: dict = {}
 
 
+def read_trace(path: Path) -> list[dict]:
+    """The Mooncake JSONL rows of `path`, checked as `vllm bench serve
+    --dataset-name timed_trace` needs them; a bad file is a BenchError that
+    names the line and the field, before anything starts."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise BenchError(f"trace {path}: cannot read it: {e}")
+    rows, last_ts = [], None
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"trace {path}, line {no}"
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BenchError(f"{where}: not JSON ({e})")
+        if not isinstance(r, dict):
+            raise BenchError(f"{where}: not a JSON object")
+        ts = r.get("timestamp")
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+            raise BenchError(f"{where}: `timestamp` must be a number of milliseconds >= 0, got {ts!r}")
+        if last_ts is not None and ts < last_ts:
+            raise BenchError(f"{where}: `timestamp` {ts} is before the previous line's {last_ts}")
+        last_ts = ts
+        for k in ("input_length", "output_length"):
+            v = r.get(k)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise BenchError(f"{where}: `{k}` must be an integer >= 1, got {v!r}")
+        ids = r.get("hash_ids")
+        if not isinstance(ids, list) or not ids or any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+            raise BenchError(f"{where}: `hash_ids` must be a non-empty list of integers")
+        if len(ids) != -(-r["input_length"] // 512):
+            raise BenchError(f"{where}: {len(ids)} `hash_ids` for {r['input_length']} tokens "
+                             f"(one per 512-token block: {-(-r['input_length'] // 512)})")
+        rows.append(r)
+    if len(rows) < 2:
+        raise BenchError(f"trace {path}: {len(rows)} request(s); a timed trace needs at least 2")
+    return rows
+
+
 def trace_stats() -> dict:
     if not _TRACE_STATS:
-        rows = [json.loads(x) for x in TRACE.read_text().splitlines() if x.strip()]
+        rows = read_trace(TRACE)
         ids = set()
         for r in rows:
             ids.update(r["hash_ids"])
@@ -1106,8 +1147,22 @@ def trace_stats() -> dict:
             requests=len(rows), span_s=span_s,
             mean_input=sum(r["input_length"] for r in rows) / len(rows),
             distinct_512_blocks=len(ids), working_set_blocks=len(ids) * 512 // 16,
+            path=str(TRACE), sha256=file_sha256(TRACE),
         )
     return _TRACE_STATS
+
+
+def use_trace(path: Path) -> None:
+    """Points the timed_trace workload at `path` (checked now)."""
+    global TRACE
+    TRACE = path.resolve()
+    _TRACE_STATS.clear()
+    trace_stats()
+    w = WORKLOADS["timed_trace"]
+    w["what"] = f"Mooncake-format trace {TRACE.name} (--trace), token-id completions, the trace's own timing"
+    i = w["args"].index("--dataset-path")
+    w["args"][i + 1] = str(TRACE)
+    w["working_set_blocks"] = None
 
 
 def trace_multiplier(rate: float) -> float:
@@ -1187,6 +1242,10 @@ def main() -> int:
     ap.add_argument("--kvgate-bin", type=Path, default=None,
                     help="run this kvgate binary instead of target/release/kvgate (for an A/B of two builds; "
                          "never built; its sha256 is recorded, the commit recorded is the tree's)")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="the timed_trace workload replays this Mooncake JSONL file (timestamp in ms, "
+                         "input_length, output_length, hash_ids of 512-token blocks) instead of "
+                         "bench/traces/agentic.jsonl; checked before anything starts, its path and sha256 recorded")
     ap.add_argument("--no-install", action="store_true", help="only verify the pinned versions")
     ap.add_argument("--diagnose", action="store_true",
                     help="kvgate keeps every routing decision; each kvgate run saves admin_decisions.json")
@@ -1207,6 +1266,8 @@ def main() -> int:
     for r in routers:
         if r not in ROUTERS:
             ap.error(f"unknown router {r}")
+    if args.trace is not None:
+        use_trace(args.trace)
     levels = [x for x in (args.levels or ("knee" if args.quick else "moderate,knee")).split(",") if x]
     if args.rate:
         for w in WORKLOADS.values():
@@ -1264,6 +1325,13 @@ def main() -> int:
     for r, w, lv in plan:
         n_of[(w, lv)] = args.requests or (WORKLOADS[w]["quick_n" if args.quick else "n"][lv])
     est_cell = {}
+    if "timed_trace" in workloads:
+        # vLLM's client cannot send more of a trace than it holds.
+        held = trace_stats()["requests"]
+        for (w, lv), n in n_of.items():
+            if w == "timed_trace" and n > held:
+                log(f"note: the trace holds {held} requests; timed_trace @ {lv} sends {held}, not {n}")
+                n_of[(w, lv)] = held
     for (w, lv), n in n_of.items():
         rate = WORKLOADS[w]["levels"][lv]
         est_cell[(w, lv)] = 16 + n / rate * 1.1
