@@ -11,7 +11,7 @@ batched tokens, 256 sequences) at the live rate divided by the sims'
 speedup, and prints kv_aware's fast-mode mean TTFT in wall milliseconds
 (model time / speedup) beside the live result of a bench run, if given:
 
-    python3 bench/fast_mode.py [--results .cache/bench/results/RUN] [--kvgate target/release/kvgate]
+    python3 bench/fast_mode.py [--results .cache/bench/results/RUN] [--kvgate target/release/kvgate] [--trace FILE]
 
 Standard library only. Writes its traces and reports under
 .cache/bench/fast_mode/.
@@ -74,7 +74,15 @@ def main() -> int:
     ap.add_argument("--results", action="append", default=[], help="a bench/peers.py output folder (repeatable)")
     ap.add_argument("--kvgate", default=str(ROOT / "target" / "release" / "kvgate"))
     ap.add_argument("--full", action="store_true", help="the request counts of a full bench run (default: --quick's)")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="the timed_trace cells replay this Mooncake JSONL file, as bench/peers.py --trace does")
     args = ap.parse_args()
+    if args.trace is not None:
+        try:
+            peers.use_trace(args.trace)
+        except peers.BenchError as e:
+            print(f"fast_mode.py: {e}", file=sys.stderr)
+            return 2
     live = {}
     for r in args.results:
         live.update(live_means(Path(r)))
@@ -93,6 +101,7 @@ def main() -> int:
                 native = st["requests"] / st["span_s"]
                 trace = peers.TRACE
                 scale = model_rate / native
+                n = min(n, st["requests"])
             else:
                 write_trace(trace, synthetic_rows(wname, n, model_rate, seed=1))
                 scale = 1.0
