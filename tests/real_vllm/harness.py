@@ -144,6 +144,12 @@ class Engine:
             self.name, ["bash", os.path.join(ROOT, "scripts/real-vllm.sh"), "serve", "--port", str(self.port)],
             env={"REAL_VLLM_CPU": str(self.cpu)})
 
+    def healthy(self):
+        try:
+            return http_json(self.url + "/health", timeout=2)[0] == 200
+        except OSError:
+            return False
+
     def wait_ready(self, timeout=300):
         try:
             wait_http(self.url + "/health", timeout, self.proc, self.name)
@@ -164,7 +170,7 @@ class Kvgate:
 
     def start(self):
         argv = [self.binary, "serve", "--listen", f"127.0.0.1:{self.port}",
-                "--admin-listen", f"127.0.0.1:{self.port + 1}", "--model-name", MODEL]
+                "--admin-listen", f"127.0.0.1:{self.port + 1}", "--served-model-name", MODEL]
         for s in self.specs:
             argv += ["--replica", s]
         self.proc = self.procs.start(self.name, argv + self.extra, env={"RUST_LOG": "info"})
@@ -196,6 +202,7 @@ class EventRecorder:
     def __init__(self, endpoint, name):
         self.endpoint, self.name = endpoint, name
         self.seqs = []
+        self.replayed_from = 1 << 62
         self.blocks = set()
         self.lock = threading.Lock()
         self.stop_flag = threading.Event()
@@ -218,14 +225,44 @@ class EventRecorder:
                 continue
             frames = sock.recv_multipart()
             seq = int.from_bytes(frames[-2], "big", signed=True)
-            batch = self.decoder.decode(frames[-1])
             with self.lock:
                 if self.seqs and seq <= self.seqs[-1]:
+                    if seq >= self.replayed_from:
+                        continue  # already applied from the start-up replay
                     # The seq went back: a new engine process, a new cache.
                     self.blocks.clear()
                 self.seqs.append(seq)
-                self._apply(batch)
+                self._apply(self.decoder.decode(frames[-1]))
         sock.close(0)
+
+    def catch_up(self, replay_endpoint, timeout=10):
+        """For an engine that was already running: applies its whole replay
+        buffer (vLLM's replay protocol), so the block set starts complete.
+        Live batches that the replay already held are skipped."""
+        ctx = zmq.Context.instance()
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.connect(replay_endpoint)
+        time.sleep(0.3)  # let the SUB connect first, so nothing falls between
+        dealer.send_multipart([b"", (0).to_bytes(8, "big")])
+        batches = []
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if not dealer.poll(500):
+                continue
+            frames = dealer.recv_multipart()
+            seq = int.from_bytes(frames[-2], "big", signed=True)
+            if seq == -1:
+                break
+            batches.append((seq, frames[-1]))
+        dealer.close(0)
+        with self.lock:
+            live = {s for s in self.seqs}
+            self.replayed_from = batches[0][0] if batches else 0
+            merged = sorted(set(self.seqs) | {s for s, _ in batches})
+            for seq, payload in batches:
+                if seq not in live:
+                    self._apply(self.decoder.decode(payload))
+            self.seqs = merged
 
     def _apply(self, batch):
         events = batch[1] if isinstance(batch, (list, tuple)) else batch.get("events", [])

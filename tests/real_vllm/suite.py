@@ -67,14 +67,21 @@ class Suite:
     # ---- set-up -------------------------------------------------------
     def setup(self):
         t0 = time.time()
+        running = []
         for e in self.engines:
             rec = EventRecorder(e.pub, e.name)
             rec.start()
             self.recorders[e.name] = rec
         for e in self.engines:
-            e.start()
+            if self.args.keep_engines and e.healthy():
+                running.append(e)
+                self.recorders[e.name].catch_up(e.replay)
+            else:
+                e.start()
         for e in self.engines:
-            e.wait_ready()
+            if e not in running:
+                e.wait_ready()
+        self.results["engines_reused"] = len(running)
         self.results["engine_start_s"] = round(time.time() - t0, 1)
         self.kv = self.kvgate("kvgate-a", BASE_PORT + 100)
         self.kv.start()
@@ -86,6 +93,9 @@ class Suite:
     def teardown(self):
         for r in self.recorders.values():
             r.close()
+        if self.args.keep_engines:
+            for e in self.engines:
+                self.procs.procs.pop(e.name, None)
         self.procs.stop_all()
 
     # ---- running checks -----------------------------------------------
@@ -522,6 +532,9 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, ".cache/real-vllm/results.json"))
     ap.add_argument("--log-dir", default=os.path.join(ROOT, ".cache/real-vllm/logs"))
     ap.add_argument("--only", type=lambda s: set(s.split(",")), default=None)
+    ap.add_argument("--keep-engines", action="store_true",
+                    help="reuse engines already running on the suite's ports and leave them running "
+                         "(for iterating on kvgate; stop them with `pkill -f tiny-qwen3`)")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     suite = Suite(args)

@@ -80,7 +80,8 @@ pub struct PublisherConfig {
     pub force_bind: bool,
     /// Fault injection: every replay reply waits this long before its first
     /// batch (a slow engine or network), so that what a subscriber does
-    /// while its initial sync is in flight can be tested.
+    /// while its initial sync is in flight can be tested. The reply holds
+    /// what is buffered when it is sent, as vLLM's does.
     pub replay_delay: Duration,
 }
 
@@ -589,15 +590,18 @@ async fn replay_task(
             }
         };
         let identity = frames[0].clone();
-        let batches = shared.snapshot_from(start);
         PublisherMetrics::inc(&shared.metrics.replay_requests, 1);
         let shared = Arc::clone(&shared);
         let mut send = send.clone();
         replies.spawn(async move {
-            let count = batches.len() as u64;
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
+            // Read the buffer when answering, as vLLM's publisher thread
+            // does when it gets to the request: a delayed reply carries the
+            // batches published (and already sent live) while it waited.
+            let batches = shared.snapshot_from(start);
+            let count = batches.len() as u64;
             let reply = async {
                 for (seq, payload) in batches {
                     let msg = replay_message(&identity, &shared, seq, payload);

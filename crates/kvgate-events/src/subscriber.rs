@@ -59,6 +59,9 @@ pub struct SubscriberConfig {
     /// burst would stay missing until the engine publishes again. `None`
     /// turns the probe off.
     pub tail_probe_after: Option<Duration>,
+    /// When a tail probe returns batches, how long the live stream may take
+    /// to deliver them itself before they count as lost (see `tail_probe`).
+    pub probe_grace: Duration,
 }
 
 impl SubscriberConfig {
@@ -73,6 +76,7 @@ impl SubscriberConfig {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             tail_probe_after: Some(Duration::from_millis(250)),
+            probe_grace: Duration::from_millis(100),
         }
     }
 }
@@ -214,6 +218,9 @@ pub struct SubscriberMetrics {
     pub reconnects: AtomicU64,
     /// Live messages dropped because their topic was not the configured one.
     pub wrong_topic: AtomicU64,
+    /// Tail probes that returned batches the live stream then delivered
+    /// itself (the publisher published while the probe waited): not gaps.
+    pub probe_overtaken: AtomicU64,
 }
 
 impl SubscriberMetrics {
@@ -293,7 +300,9 @@ impl Subscriber {
                 () = &mut shutdown => return Ok(()),
                 () = probe => {
                     probe_at = None;
-                    self.tail_probe().await?;
+                    if self.tail_probe(&mut sub).await? {
+                        probe_at = probe_after.map(|d| tokio::time::Instant::now() + d);
+                    }
                 }
                 ev = monitor.next(), if monitor_open => match ev {
                     Some(SocketEvent::Disconnected(_)) => {
@@ -426,21 +435,57 @@ impl Subscriber {
     /// (counted as a gap and applied, or a reset if the buffer no longer
     /// reaches back). A failed probe is only logged: the next live batch
     /// still reveals any gap.
-    async fn tail_probe(&mut self) -> Result<(), SubscriberError> {
-        let Some(next) = self.tracker.next_expected() else { return Ok(()) };
-        match self.replay(next).await {
-            Ok(items) if items.is_empty() => Ok(()),
-            Ok(items) => {
-                let to = items.last().map_or(next, |(s, _)| s + 1);
-                SubscriberMetrics::inc(&self.metrics.gaps, 1);
-                self.send(Update::Gap { from: next, to }).await?;
-                self.cover_or_reset(next, items).await
-            }
+    ///
+    /// vLLM's publisher sends a batch live before it buffers it for replay,
+    /// and serves replay requests from the same thread between batches, so a
+    /// probe that waited there can come back with a batch whose live copy is
+    /// already on its way to our SUB socket, unread only because this task
+    /// was waiting for the probe. Counting that as a gap was wrong (it was
+    /// most of the "gaps" seen in front of real engines). So the live stream
+    /// is read first, for up to `probe_grace`, until it has caught up with
+    /// the probe; only what it still lacks after that was lost. Returns
+    /// whether live batches arrived meanwhile (the probe is then re-armed).
+    async fn tail_probe(&mut self, sub: &mut SubSocket) -> Result<bool, SubscriberError> {
+        let Some(next) = self.tracker.next_expected() else { return Ok(false) };
+        let items = match self.replay(next).await {
+            Ok(items) if items.is_empty() => return Ok(false),
+            Ok(items) => items,
             Err(e) => {
                 tracing::debug!(endpoint = %self.config.endpoint, error = %e, "kv events: tail probe failed");
-                Ok(())
+                return Ok(false);
+            }
+        };
+        let last = items.last().map_or(next, |(s, _)| *s);
+        let gaps_before = self.metrics.gaps.load(Ordering::Relaxed);
+        let deadline = tokio::time::Instant::now() + self.config.probe_grace;
+        let mut live = false;
+        while self.tracker.next_expected().is_some_and(|n| n <= last) {
+            match tokio::time::timeout_at(deadline, sub.recv()).await {
+                Ok(Ok(msg)) => {
+                    live = true;
+                    self.on_live(&msg.into_vec()).await?;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(endpoint = %self.config.endpoint, error = %e, "kv events: receive failed while a tail probe waited");
+                    break;
+                }
+                Err(_) => break,
             }
         }
+        // What the live stream (or a replay it triggered) has not delivered.
+        let Some(from) = self.tracker.next_expected() else { return Ok(live) };
+        let missing: Replayed = items.into_iter().filter(|(s, _)| *s >= from).collect();
+        if missing.is_empty() {
+            if self.metrics.gaps.load(Ordering::Relaxed) == gaps_before {
+                SubscriberMetrics::inc(&self.metrics.probe_overtaken, 1);
+            }
+            return Ok(live);
+        }
+        let to = missing.last().map_or(from, |(s, _)| s + 1);
+        SubscriberMetrics::inc(&self.metrics.gaps, 1);
+        self.send(Update::Gap { from, to }).await?;
+        self.cover_or_reset(from, missing).await?;
+        Ok(live)
     }
 
     async fn on_live(&mut self, frames: &[Bytes]) -> Result<(), SubscriberError> {

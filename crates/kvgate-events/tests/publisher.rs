@@ -312,6 +312,82 @@ async fn a_batch_lost_at_the_end_of_a_burst_is_fetched_by_the_tail_probe() {
     publisher.shutdown().await;
 }
 
+/// Waits for batch `seq`, which must arrive live, with no gap or reset first.
+async fn expect_live(rx: &mut mpsc::Receiver<Update>, seq: u64) {
+    loop {
+        match tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap() {
+            Update::Batch { seq: s, replayed, .. } if s == seq => {
+                assert!(!replayed, "seq {seq} came by replay");
+                return;
+            }
+            Update::Gap { from, to } => panic!("gap {from}..{to} reported"),
+            Update::Reset { reason } => panic!("reset: {reason}"),
+            _ => {}
+        }
+    }
+}
+
+/// vLLM's publisher answers a replay request from the thread that also
+/// publishes, after its current wait, so a tail probe can come back with a
+/// batch that was sent live while the probe waited. That batch was not lost:
+/// the subscriber must take its live copy and count no gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tail_probe_overtaken_by_a_live_batch_is_not_a_gap() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut cfg = config(Layout::V0_26, true);
+    cfg.replay_delay = Duration::from_millis(300);
+    let publisher = Publisher::start(cfg).await.unwrap();
+    let local = publisher.local_endpoints();
+    let mut scfg = SubscriberConfig::new(loopback_endpoint(&local.events));
+    scfg.replay_endpoint = local.replay.as_deref().map(loopback_endpoint);
+    scfg.tail_probe_after = Some(Duration::from_millis(50));
+    let metrics = Arc::new(SubscriberMetrics::default());
+    let (tx, mut rx) = mpsc::channel(10_000);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let sub = Subscriber::new(scfg, Arc::clone(&metrics), tx);
+    tokio::spawn(async move {
+        sub.run(async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let batches = sample_batches();
+    let deadline = Instant::now() + WAIT;
+    // Until a batch arrives live (the subscription is up and synced).
+    let mut live_seq = None;
+    while live_seq.is_none() {
+        assert!(Instant::now() < deadline, "never went live");
+        let seq = publisher.publish(&batches[0]);
+        while let Ok(Some(u)) = tokio::time::timeout(Duration::from_millis(400), rx.recv()).await {
+            if let Update::Batch { seq: s, replayed: false, .. } = u {
+                if s == seq {
+                    live_seq = Some(s);
+                }
+            }
+        }
+    }
+    // Each round: a batch arms the probe (50 ms after it), the probe waits
+    // 300 ms for its answer, and a second batch is published in that wait.
+    for _ in 0..4 {
+        let probes_before = publisher.metrics().replay_requests();
+        let a = publisher.publish(&batches[0]);
+        expect_live(&mut rx, a).await;
+        let waited = Instant::now();
+        while publisher.metrics().replay_requests() == probes_before {
+            assert!(waited.elapsed() < WAIT, "no tail probe");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let b = publisher.publish(&batches[1]);
+        expect_live(&mut rx, b).await;
+        // Let the probe's answer land before the next round.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    assert_eq!(metrics.gaps.load(Relaxed), 0);
+    assert!(metrics.probe_overtaken.load(Relaxed) >= 1, "no probe was overtaken: the test raced");
+    let _ = stop.send(());
+    publisher.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrapped_buffer_degrades_a_late_subscriber() {
     let mut cfg = config(Layout::V0_11, true);
