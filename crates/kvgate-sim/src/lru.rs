@@ -56,6 +56,25 @@ impl LruList {
         self.len += 1;
     }
 
+    /// Inserts `slot` at the head, to be taken first; no-op if already
+    /// linked or out of range.
+    pub(crate) fn push_front(&mut self, slot: u32) {
+        let i = slot as usize;
+        if i >= self.linked.len() || self.linked[i] {
+            return;
+        }
+        self.linked[i] = true;
+        self.prev[i] = NIL;
+        self.next[i] = self.head;
+        if self.head == NIL {
+            self.tail = slot;
+        } else {
+            self.prev[self.head as usize] = slot;
+        }
+        self.head = slot;
+        self.len += 1;
+    }
+
     /// Removes and returns the least recently used slot.
     pub(crate) fn pop_front(&mut self) -> Option<u32> {
         if self.head == NIL {

@@ -149,9 +149,18 @@ impl GpuPool {
         Some(block)
     }
 
-    /// Drops one reference per block, in the order given; blocks reaching
-    /// zero join the free queue's tail (most recently used).
+    /// Drops one reference per block, in the order given (the first is to
+    /// be reused first). Blocks reaching zero that hold a full block's
+    /// content join the free queue's tail (most recently used); those that
+    /// do not (a request's partial last block, or one never computed) go
+    /// to its head, to be reused before any cached block, keeping their
+    /// order, as vLLM's `BlockPool.free_blocks` does ("LIFO reuse of
+    /// non-cached blocks"). Sending them to the tail instead evicted one
+    /// cached block too many per request: against a real engine, cached
+    /// tokens agreed on 94 of 100 requests of a growing-conversation
+    /// sequence, 100 of 100 with this rule and the null block (engine.rs).
     pub(crate) fn free_blocks(&mut self, blocks: impl Iterator<Item = u32>) {
+        let mut first = Vec::new();
         for b in blocks {
             let Some(rc) = self.ref_cnt.get_mut(b as usize) else { continue };
             if *rc == 0 {
@@ -159,8 +168,15 @@ impl GpuPool {
             }
             *rc -= 1;
             if *rc == 0 {
-                self.free.push_back(b);
+                if self.is_filled(b) {
+                    self.free.push_back(b);
+                } else {
+                    first.push(b);
+                }
             }
+        }
+        for &b in first.iter().rev() {
+            self.free.push_front(b);
         }
     }
 

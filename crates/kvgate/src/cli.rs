@@ -254,7 +254,8 @@ pub(crate) struct SimArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub(crate) block_size: u32,
-    /// GPU KV blocks per replica.
+    /// GPU KV blocks per replica, counted as vLLM's `num_gpu_blocks` (one of
+    /// them is the null block, so one fewer holds KV).
     #[arg(long, default_value_t = 8192)]
     pub(crate) num_gpu_blocks: u32,
     /// CPU offload blocks per replica (0: no CPU tier).

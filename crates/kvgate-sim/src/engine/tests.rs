@@ -124,7 +124,8 @@ fn second_request_hits_prefix_capped_one_token() {
 
 #[test]
 fn eviction_emits_removed_lru_tail_first() {
-    let mut e = Engine::new(cfg(4)).unwrap();
+    // 5 blocks, one of them the null block: 4 hold KV.
+    let mut e = Engine::new(cfg(5)).unwrap();
     e.add_request(1, (0..8).collect(), 1, 0, true, Duration::ZERO).unwrap();
     let (_, evs1, _) = run_to_end(&mut e);
     let Event::Stored(s) = &evs1[0] else { panic!("{evs1:?}") };
@@ -145,7 +146,7 @@ fn eviction_emits_removed_lru_tail_first() {
 
 #[test]
 fn cpu_tier_offloads_and_serves_external_hits() {
-    let c = EngineConfig { num_cpu_blocks: 8, cpu_load_ms_per_block: 1.0, ..cfg(4) };
+    let c = EngineConfig { num_cpu_blocks: 8, cpu_load_ms_per_block: 1.0, ..cfg(5) };
     let mut e = Engine::new(c).unwrap();
     let a: Vec<u32> = (0..9).collect();
     e.add_request(1, a.clone(), 1, 0, true, Duration::ZERO).unwrap();
@@ -175,7 +176,7 @@ fn cpu_tier_offloads_and_serves_external_hits() {
 
 #[test]
 fn self_describing_cpu_events_carry_tokens() {
-    let c = EngineConfig { num_cpu_blocks: 8, self_describing_cpu_events: true, ..cfg(4) };
+    let c = EngineConfig { num_cpu_blocks: 8, self_describing_cpu_events: true, ..cfg(5) };
     let mut e = Engine::new(c).unwrap();
     e.add_request(1, (0..9).collect(), 1, 0, true, Duration::ZERO).unwrap();
     run_to_end(&mut e);
