@@ -16,6 +16,7 @@ It prints the coefficients as the preset's fields and writes the raw samples.
 """
 
 import argparse
+import http.client
 import json
 import os
 import random
@@ -25,7 +26,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "real_vllm"))
-from harness import MODEL, ROOT, Engine, Procs, http_stream  # noqa: E402
+from harness import MODEL, ROOT, Engine, Procs  # noqa: E402
 
 
 def lstsq(xs, ys, degree):
@@ -48,7 +49,6 @@ def lstsq(xs, ys, degree):
 def ttft(url, prompt):
     t0 = time.perf_counter()
     first = None
-    import http.client
     conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=120)
     conn.request("POST", "/v1/completions", body=json.dumps(
         {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True}).encode(),
@@ -68,7 +68,6 @@ def itl(url, n, rng, out_tokens=48):
 
     def one():
         prompt = [rng.randrange(1000, 150000) for _ in range(64)]
-        import http.client
         conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=120)
         conn.request("POST", "/v1/completions", body=json.dumps(
             {"model": MODEL, "prompt": prompt, "max_tokens": out_tokens, "stream": True,

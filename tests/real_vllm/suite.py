@@ -19,7 +19,7 @@ import time
 import traceback
 
 from harness import (MODEL, ROOT, Engine, EventRecorder, Fail, Kvgate, Procs, http_json,
-                     http_stream)
+                     http_stream, wait_http)
 
 BLOCK = 32
 BASE_PORT = int(os.environ.get("REAL_VLLM_SUITE_PORT", "18300"))
@@ -276,14 +276,12 @@ class Suite:
             _, truth = self.recorders[n].snapshot()
             views[n] = {"kvgate": len(mine), "engine_events": len(truth), "equal": mine == truth}
         reps = kv.replicas()
-        evictions = sum(1 for _ in rows)  # placeholder for total requests
         out = {"requests": len(rows), "equal": equal, "share": round(equal / len(rows), 4),
                "cached_tokens": sum(r["cached"] for r in rows),
                "predicted_tokens": sum(r["predicted"] for r in rows),
                "views": views,
                "capacity_blocks": {n: reps[n]["capacity_blocks"][0] for n in self.names},
                "mismatches": [r for r in rows if r["predicted"] != r["cached"]][:10]}
-        del evictions
         self.results["view_rows"] = rows
         if equal / len(rows) < 0.98 or not all(v["equal"] for v in views.values()):
             raise Fail(json.dumps(out))
@@ -365,8 +363,9 @@ class Suite:
 
     # ---- no batch lost -------------------------------------------------
     def load(self, url, n, workers, seed, stream=True):
-        """n chats with shared system prompts from `workers` threads.
-        Returns (ok, failed_before_first_byte, failed_after)."""
+        """n chats with shared system prompts from `workers` threads. Returns
+        counts: ok, lost (failed before the first byte), broken (after it),
+        and the first errors."""
         rng = random.Random(seed)
         systems = [" ".join(f"rule{rng.randrange(10**6)}" for _ in range(rng.randint(150, 600)))
                    for _ in range(6)]
@@ -536,7 +535,6 @@ class Suite:
                                  "--block-size", str(BLOCK), "--num-gpu-blocks", str(capacity),
                                  # the CPU engine's scheduler defaults (vLLM, OpenAI server on a CPU)
                                  "--max-num-batched-tokens", "2048", "--max-num-seqs", "128"])
-        from harness import wait_http
         wait_http(f"http://127.0.0.1:{sim_port}/health", 60, None, "kvgate sim")
         out = {"capacity_blocks": capacity}
         shapes = {"families": self.workload_families(21, 100),

