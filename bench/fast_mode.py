@@ -103,10 +103,10 @@ def main() -> int:
             n = wl["n" if args.full else "quick_n"][level]
             model_rate = rate / speed
             trace = OUT / f"{wname}-{level}.jsonl"
-            if wname == "timed_trace":
-                st = peers.trace_stats()
+            if "trace" in wl:
+                st = peers.trace_stats(wname)
                 native = st["requests"] / st["span_s"]
-                trace = peers.TRACE
+                trace = wl["trace"]
                 scale = model_rate / native
                 n = min(n, st["requests"])
             else:

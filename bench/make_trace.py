@@ -8,10 +8,19 @@ script's output with the defaults; re-run it to check or to change the trace:
 
 `--seed N` draws another trace of the same shape (other session lengths,
 start times and gaps), for checking that a result holds beyond the one
-committed draw (docs/peers.md, Run 20):
+committed draw (docs/peers.md):
 
     python3 bench/make_trace.py --seed 18 > /tmp/agentic-18.jsonl
     bash bench/peers.sh --quick --workloads timed_trace --trace /tmp/agentic-18.jsonl
+
+The real-engine bench's two traces (bench/peers.sh --engines real) are the
+same generator sized to engines of 512 blocks of 32 tokens and an 8,192-token
+context:
+
+    python3 bench/make_trace.py --sessions 20 --steps 6 --shared-blocks 2 --context-blocks 2 \
+        --output 16 48 --start-spread 20 --step-gap 4 > bench/traces/real-agentic.jsonl
+    python3 bench/make_trace.py --sessions 24 --steps 8 --shared-blocks 1 --context-blocks 0 \
+        --max-growth 1 --output 16 48 --start-spread 30 --step-gap 3 > bench/traces/real-multi-turn.jsonl
 
 Format (Mooncake FAST'25 traces, what `vllm bench serve --dataset-name
 timed_trace --timed-trace-chunk-hash-size 512` reads): one JSON object per
@@ -47,8 +56,27 @@ OUTPUT_RANGE = (32, 96)
 def main() -> None:
     ap = argparse.ArgumentParser(description="Write the peer bench's agentic trace (Mooncake JSONL) to stdout.")
     ap.add_argument("--seed", type=int, default=SEED, help=f"random seed (default {SEED}: the committed trace)")
-    rng = random.Random(ap.parse_args().seed)
-    next_id = SHARED_BLOCKS  # ids 0..SHARED_BLOCKS-1 are the shared prefix
+    ap.add_argument("--sessions", type=int, default=SESSIONS, help=f"agent sessions (default {SESSIONS})")
+    ap.add_argument("--steps", type=int, default=STEPS, help=f"requests per session (default {STEPS})")
+    ap.add_argument("--shared-blocks", type=int, default=SHARED_BLOCKS,
+                    help=f"512-token blocks of the prefix every session shares (default {SHARED_BLOCKS})")
+    ap.add_argument("--context-blocks", type=int, default=CONTEXT_BLOCKS,
+                    help=f"each session's own blocks before its first step (default {CONTEXT_BLOCKS})")
+    ap.add_argument("--max-growth", type=int, default=2, choices=(1, 2),
+                    help="new full blocks per step: 1, or 1 or 2 at random (default 2)")
+    ap.add_argument("--output", type=int, nargs=2, default=OUTPUT_RANGE, metavar=("MIN", "MAX"),
+                    help=f"output tokens, uniform in [MIN, MAX] (default {OUTPUT_RANGE[0]} {OUTPUT_RANGE[1]})")
+    ap.add_argument("--start-spread", type=float, default=START_SPREAD_S,
+                    help=f"sessions start uniformly in [0, S) seconds (default {START_SPREAD_S:g})")
+    ap.add_argument("--step-gap", type=float, default=STEP_GAP_S,
+                    help=f"mean gap between a session's steps, seconds (default {STEP_GAP_S:g})")
+    args = ap.parse_args()
+    if min(args.sessions, args.steps) < 1 or min(args.shared_blocks, args.context_blocks) < 0 \
+            or not 1 <= args.output[0] <= args.output[1] or args.start_spread < 0 or args.step_gap < 0:
+        ap.error("sessions and steps must be >= 1, block counts >= 0, 1 <= MIN <= MAX, times >= 0")
+    rng = random.Random(args.seed)
+    SHARED, CONTEXT = args.shared_blocks, args.context_blocks
+    next_id = SHARED  # ids 0..SHARED-1 are the shared prefix
 
     def fresh(n: int) -> list[int]:
         nonlocal next_id
@@ -57,10 +85,10 @@ def main() -> None:
         return ids
 
     rows = []
-    for _s in range(SESSIONS):
-        history = list(range(SHARED_BLOCKS)) + fresh(CONTEXT_BLOCKS)
-        t = rng.uniform(0.0, START_SPREAD_S)
-        for _step in range(STEPS):
+    for _s in range(args.sessions):
+        history = list(range(SHARED)) + fresh(CONTEXT)
+        t = rng.uniform(0.0, args.start_spread)
+        for _step in range(args.steps):
             partial = rng.randint(64, BLOCK)
             ids = history + fresh(1)  # the partial last block, new every step
             input_length = BLOCK * (len(ids) - 1) + partial
@@ -68,12 +96,12 @@ def main() -> None:
                 {
                     "timestamp": int(round(t * 1000)),
                     "input_length": input_length,
-                    "output_length": rng.randint(*OUTPUT_RANGE),
+                    "output_length": rng.randint(*args.output),
                     "hash_ids": ids,
                 }
             )
-            history = history + fresh(rng.choice((1, 2)))
-            t += rng.expovariate(1.0 / STEP_GAP_S)
+            history = history + fresh(rng.choice((1, 2)) if args.max_growth == 2 else 1)
+            t += rng.expovariate(1.0 / args.step_gap) if args.step_gap > 0 else 0.0
     rows.sort(key=lambda r: r["timestamp"])
     t0 = rows[0]["timestamp"]
     out = sys.stdout

@@ -96,6 +96,26 @@ def prefix_workload(num: int, length: int, suffix: int, output: int, block: int,
     }
 
 
+def trace_workload(path: Path, what: str, levels: dict, n: dict, quick_n: dict) -> dict:
+    """vllm bench serve's `timed_trace` over the Mooncake JSONL file `path`:
+    token-id completions, the trace's own timing compressed to each level's
+    mean rate."""
+    return {
+        "what": what,
+        "backend": "openai",
+        "endpoint": "/v1/completions",
+        "token_prompts": True,
+        "trace": path,
+        "args": [
+            "--dataset-name", "timed_trace",
+            "--dataset-path", str(path),
+            "--timed-trace-chunk-hash-size", "512",
+        ],
+        "working_set_blocks": None,  # computed from the trace
+        "levels": levels, "n": n, "quick_n": quick_n,
+    }
+
+
 def random_workload(length: int, output: int, levels: dict, n: dict, quick_n: dict) -> dict:
     """vllm bench serve's `random` as chat: `length` new tokens per prompt."""
     return {
@@ -118,22 +138,11 @@ def random_workload(length: int, output: int, levels: dict, n: dict, quick_n: di
 WORKLOADS = {
     "prefix_repetition": prefix_workload(24, 3072, 256, 48, 16, levels={"moderate": 20.0, "knee": 60.0},
                                          n={"moderate": 480, "knee": 720}, quick_n={"moderate": 192, "knee": 240}),
-    "timed_trace": {
-        "what": "Mooncake-format agentic trace (bench/traces/agentic.jsonl: 20 sessions x 12 tool steps, "
+    "timed_trace": trace_workload(
+        TRACE, "Mooncake-format agentic trace (bench/traces/agentic.jsonl: 20 sessions x 12 tool steps, "
         "~8.6k-token prompts, 512-token hash blocks), token-id completions, the trace's own timing",
-        "backend": "openai",
-        "endpoint": "/v1/completions",
-        "token_prompts": True,
-        "args": [
-            "--dataset-name", "timed_trace",
-            "--dataset-path", str(TRACE),
-            "--timed-trace-chunk-hash-size", "512",
-        ],
-        "working_set_blocks": None,  # computed from the trace
-        "levels": {"moderate": 8.0, "knee": 16.0},
-        "n": {"moderate": 240, "knee": 240},
-        "quick_n": {"moderate": 120, "knee": 160},
-    },
+        levels={"moderate": 8.0, "knee": 16.0}, n={"moderate": 240, "knee": 240},
+        quick_n={"moderate": 120, "knee": 160}),
     "random": random_workload(2048, 48, levels={"moderate": 15.0, "knee": 30.0},
                               n={"moderate": 480, "knee": 720}, quick_n={"moderate": 160, "knee": 240}),
 }
@@ -190,6 +199,18 @@ REAL_VLLM = ROOT / "scripts" / "real-vllm.sh"
 REAL_WORKLOADS = {
     "prefix_repetition": prefix_workload(12, 2048, 128, 16, 32, levels={"moderate": 3.0, "knee": 6.0},
                                          n={"moderate": 180, "knee": 240}, quick_n={"moderate": 120, "knee": 160}),
+    "agentic": trace_workload(
+        ROOT / "bench" / "traces" / "real-agentic.jsonl",
+        "long-context agentic trace (bench/traces/real-agentic.jsonl: 20 sessions x 6 tool steps, prompts of "
+        "2.3k-7.7k tokens growing step by step, 512-token hash blocks), token-id completions",
+        levels={"moderate": 1.5, "knee": 3.0}, n={"moderate": 120, "knee": 120},
+        quick_n={"moderate": 120, "knee": 120}),
+    "multi_turn": trace_workload(
+        ROOT / "bench" / "traces" / "real-multi-turn.jsonl",
+        "multi-turn chat trace (bench/traces/real-multi-turn.jsonl: 24 conversations x 8 turns sharing a "
+        "512-token system prompt, prompts growing by 512 tokens a turn), token-id completions",
+        levels={"moderate": 3.0, "knee": 6.0}, n={"moderate": 192, "knee": 192},
+        quick_n={"moderate": 192, "knee": 192}),
     "random": random_workload(1024, 16, levels={"moderate": 3.0, "knee": 6.0},
                               n={"moderate": 180, "knee": 240}, quick_n={"moderate": 120, "knee": 160}),
 }
@@ -1126,8 +1147,8 @@ def measure_repeat(args, rid: str, wname: str, level: str, rate: float, n: int, 
                     f"(what `vllm bench serve --dataset-name timed_trace` sends): {why}"))
                 return rec
         extra = []
-        if wname == "timed_trace":
-            extra = ["--timed-trace-sec-multiplier", f"{trace_multiplier(rate):.8g}"]
+        if "trace" in wl:
+            extra = ["--timed-trace-sec-multiplier", f"{trace_multiplier(rate, wname):.8g}"]
         else:
             extra = ["--request-rate", str(rate)]
         time.sleep(0.5)
@@ -1258,7 +1279,7 @@ def measure_repeat(args, rid: str, wname: str, level: str, rate: float, n: int, 
 # --------------------------------------------------------------------------
 # workload sizing
 
-_TRACE_STATS: dict = {}
+_TRACE_STATS: dict[str, dict] = {}  # trace path -> trace_stats()
 
 
 def read_trace(path: Path) -> list[dict]:
@@ -1302,45 +1323,49 @@ def read_trace(path: Path) -> list[dict]:
     return rows
 
 
-def trace_stats() -> dict:
-    if not _TRACE_STATS:
-        rows = read_trace(TRACE)
+def trace_stats(wname: str = "timed_trace") -> dict:
+    """Requests, span, mean prompt and working set of workload `wname`'s trace."""
+    path = WORKLOADS[wname]["trace"]
+    key = str(path)
+    if key not in _TRACE_STATS:
+        rows = read_trace(path)
         ids = set()
         for r in rows:
             ids.update(r["hash_ids"])
         span_s = (rows[-1]["timestamp"] - rows[0]["timestamp"]) / 1000.0
-        _TRACE_STATS.update(
+        _TRACE_STATS[key] = dict(
             requests=len(rows), span_s=span_s,
             mean_input=sum(r["input_length"] for r in rows) / len(rows),
-            distinct_512_blocks=len(ids), working_set_blocks=len(ids) * 512 // 16,
-            path=str(TRACE), sha256=file_sha256(TRACE),
+            max_input=max(r["input_length"] for r in rows),
+            distinct_512_blocks=len(ids), working_set_blocks=len(ids) * 512 // FLEET["block_size"],
+            path=key, sha256=file_sha256(path),
         )
-    return _TRACE_STATS
+    return _TRACE_STATS[key]
 
 
 def use_trace(path: Path) -> None:
     """Points the timed_trace workload at `path` (checked now)."""
     global TRACE
     TRACE = path.resolve()
-    _TRACE_STATS.clear()
-    trace_stats()
     w = WORKLOADS["timed_trace"]
+    w["trace"] = TRACE
+    trace_stats()
     w["what"] = f"Mooncake-format trace {TRACE.name} (--trace), token-id completions, the trace's own timing"
     i = w["args"].index("--dataset-path")
     w["args"][i + 1] = str(TRACE)
     w["working_set_blocks"] = None
 
 
-def trace_multiplier(rate: float) -> float:
+def trace_multiplier(rate: float, wname: str = "timed_trace") -> float:
     """--timed-trace-sec-multiplier for a mean rate of `rate` req/s over the whole trace (ms timestamps)."""
-    st = trace_stats()
+    st = trace_stats(wname)
     native = st["requests"] / st["span_s"]  # req/s at multiplier 0.001
     return 0.001 * native / rate
 
 
 def working_set_blocks(wname: str, n: int) -> int:
-    if wname == "timed_trace":
-        return trace_stats()["working_set_blocks"]
+    if "trace" in WORKLOADS[wname]:
+        return trace_stats(wname)["working_set_blocks"]
     if wname == "random":
         return n * WORKLOADS["random"].get("random", {"len": 2048})["len"] // FLEET["block_size"]
     return WORKLOADS[wname]["working_set_blocks"]
@@ -1508,13 +1533,12 @@ def main() -> int:
     for r, w, lv in plan:
         n_of[(w, lv)] = args.requests or (WORKLOADS[w]["quick_n" if args.quick else "n"][lv])
     est_cell = {}
-    if "timed_trace" in workloads:
-        # vLLM's client cannot send more of a trace than it holds.
-        held = trace_stats()["requests"]
-        for (w, lv), n in n_of.items():
-            if w == "timed_trace" and n > held:
-                log(f"note: the trace holds {held} requests; timed_trace @ {lv} sends {held}, not {n}")
-                n_of[(w, lv)] = held
+    # vLLM's client cannot send more of a trace than it holds.
+    for (w, lv), n in n_of.items():
+        if "trace" in WORKLOADS[w] and n > trace_stats(w)["requests"]:
+            held = trace_stats(w)["requests"]
+            log(f"note: the trace holds {held} requests; {w} @ {lv} sends {held}, not {n}")
+            n_of[(w, lv)] = held
     for (w, lv), n in n_of.items():
         rate = WORKLOADS[w]["levels"][lv]
         est_cell[(w, lv)] = 16 + n / rate * 1.1
@@ -1550,6 +1574,7 @@ def main() -> int:
             "routers": {r: ROUTERS[r] for r in routers},
             "client": "vllm bench serve " + PINS["vllm"],
             "timed_trace": trace_stats() if "timed_trace" in workloads else None,
+            "traces": {w: trace_stats(w) for w in workloads if "trace" in WORKLOADS[w]},
         },
         "cells": [],
     }
