@@ -194,11 +194,14 @@ REAL_VLLM = ROOT / "scripts" / "real-vllm.sh"
 
 # Workloads sized to the real engines: each engine holds 512 blocks of 32
 # tokens (16,384 tokens), less than every workload's working set. Rates are
-# wall-clock req/s (the engines run in real time); `knee` is where kvgate
-# kv_aware's mean TTFT starts to climb steeply (measured: docs/peers.md).
+# wall-clock req/s (the engines run in real time). Levels were found by
+# measuring kvgate kv_aware alone (one run per rate, 2026-12-06): `moderate`
+# is a low load, `knee` the highest rate probed before mean TTFT ran away
+# (prefix and random: 57/97/137/103 and 82/109/130/220 ms at 3/6/9/12 req/s;
+# agentic 152/212/526 ms at 1.5/3/4.5; multi-turn 147/297/2,381 ms at 3/6/9).
 REAL_WORKLOADS = {
-    "prefix_repetition": prefix_workload(12, 2048, 128, 16, 32, levels={"moderate": 3.0, "knee": 6.0},
-                                         n={"moderate": 180, "knee": 240}, quick_n={"moderate": 120, "knee": 160}),
+    "prefix_repetition": prefix_workload(12, 2048, 128, 16, 32, levels={"moderate": 3.0, "knee": 12.0},
+                                         n={"moderate": 120, "knee": 240}, quick_n={"moderate": 120, "knee": 160}),
     "agentic": trace_workload(
         ROOT / "bench" / "traces" / "real-agentic.jsonl",
         "long-context agentic trace (bench/traces/real-agentic.jsonl: 20 sessions x 6 tool steps, prompts of "
@@ -211,8 +214,8 @@ REAL_WORKLOADS = {
         "512-token system prompt, prompts growing by 512 tokens a turn), token-id completions",
         levels={"moderate": 3.0, "knee": 6.0}, n={"moderate": 192, "knee": 192},
         quick_n={"moderate": 192, "knee": 192}),
-    "random": random_workload(1024, 16, levels={"moderate": 3.0, "knee": 6.0},
-                              n={"moderate": 180, "knee": 240}, quick_n={"moderate": 120, "knee": 160}),
+    "random": random_workload(1024, 16, levels={"moderate": 3.0, "knee": 12.0},
+                              n={"moderate": 120, "knee": 240}, quick_n={"moderate": 120, "knee": 160}),
 }
 ENGINES = "sim"
 
