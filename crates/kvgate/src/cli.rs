@@ -358,3 +358,6 @@ pub(crate) struct TailArgs {
     #[arg(long, default_value_t = 5.0)]
     pub(crate) replay_timeout: f64,
 }
+
+#[cfg(test)]
+mod tests;
