@@ -153,25 +153,16 @@ fn tokens(line: &str, vars: &BTreeMap<String, String>) -> Vec<Token> {
             '$' => {
                 let (value, next) = expand(&chars, i, vars);
                 i = next;
-                match value {
-                    // Unquoted: split into words (the first joins the word so far).
-                    Some(v) => {
-                        let mut parts = v.split_whitespace().peekable();
-                        if parts.peek().is_some() {
-                            started = true;
+                // Unquoted: split into words (the first joins the word so far).
+                // A command substitution (`None`): unknown words, dropped.
+                if let Some(v) = value {
+                    for (n, p) in v.split_whitespace().enumerate() {
+                        if n > 0 {
+                            flush(&mut word, &mut started, &mut out);
                         }
-                        let mut first = true;
-                        for p in parts {
-                            if !first {
-                                flush(&mut word, &mut started, &mut out);
-                                started = true;
-                            }
-                            word.push_str(p);
-                            first = false;
-                        }
+                        word.push_str(p);
+                        started = true;
                     }
-                    // A command substitution: unknown words, dropped.
-                    None => {}
                 }
             }
             '|' | ';' => {
