@@ -218,6 +218,7 @@ REAL_WORKLOADS = {
                               n={"moderate": 120, "knee": 240}, quick_n={"moderate": 120, "knee": 160}),
 }
 ENGINES = "sim"
+ENGINE_ENV: dict[str, str] = {}  # --engine-env: more environment for the real engines
 
 
 def use_engines(kind: str) -> None:
@@ -797,7 +798,10 @@ class RealFleet:
         cores = os.cpu_count() or 1
         self.procs = [
             Proc(f"vllm engine {i}", ["bash", str(REAL_VLLM), "serve", "--port", str(p)], workdir / f"engine-{i}.log",
-                 env={"REAL_VLLM_CPU": str(i % cores), "REAL_VLLM_KV_BYTES": str(spec["kv_cache_bytes"]),
+                 # --enable-scale-out: vllm-router renders chat prompts with the
+                 # engine's /v1/chat/completions/render, refused (403) without it.
+                 env={"REAL_VLLM_EXTRA_ARGS": "--enable-scale-out", **ENGINE_ENV, "REAL_VLLM_CPU": str(i % cores),
+                      "REAL_VLLM_KV_BYTES": str(spec["kv_cache_bytes"]),
                       "REAL_VLLM_BLOCK_SIZE": str(spec["block_size"])},
                  grace=15.0)
             for i, p in enumerate(self.http)
@@ -1430,6 +1434,8 @@ def main() -> int:
                     help="sim: each run in front of a fresh `kvgate sim` fleet (4 replicas); real: in front of two "
                          "fresh real vLLM engines on this machine's CPU (scripts/real-vllm.sh; installs them on "
                          "first use), with workloads sized to them and the routers that run in front of them")
+    ap.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --engines real: set KEY=VALUE in every engine's environment (repeatable; recorded)")
     ap.add_argument("--workloads", default=None,
                     help=f"comma list of {list(WORKLOADS)} (sim) or {list(REAL_WORKLOADS)} (real); default all")
     ap.add_argument("--levels", default=None, help="comma list of moderate,knee (default both; knee with --quick)")
@@ -1462,6 +1468,11 @@ def main() -> int:
         use_engines(args.engines)
     except BenchError as e:
         ap.error(str(e))
+    for kv in args.engine_env:
+        key, eq, value = kv.partition("=")
+        if not eq or not key or args.engines != "real":
+            ap.error(f"--engine-env {kv!r}: give KEY=VALUE, with --engines real")
+        ENGINE_ENV[key] = value
     workloads = [w for w in (args.workloads or ",".join(WORKLOADS)).split(",") if w]
     routers = [r for r in (args.routers or ",".join(DEFAULT_ROUTERS)).split(",") if r]
     for w in workloads:
@@ -1557,6 +1568,7 @@ def main() -> int:
         "versions": versions,
         "config": {
             "engines": args.engines,
+            "engine_env": ENGINE_ENV,
             "fleet": FLEET,
             "dynamo_fleet": DYNAMO_FLEET,
             "model": MODEL,
