@@ -230,7 +230,7 @@ pub(crate) fn max_output_tokens(extra: &Map<String, Value>) -> Option<u64> {
 /// as its last key, or `None` when that is not safe by bytes alone: the body
 /// is not a non-empty object, or mentions `kv_transfer_params` anywhere (a
 /// duplicate key would be rejected or resolved differently by the engine).
-fn append_prompt_token_ids(body: &[u8], token_ids: &[u32]) -> Option<Vec<u8>> {
+pub(crate) fn append_prompt_token_ids(body: &[u8], token_ids: &[u32]) -> Option<Vec<u8>> {
     const KEY: &[u8] = b"kv_transfer_params";
     // memmem, not a window-by-window compare: the body is the whole prompt
     // (tens of kilobytes), and the naive scan cost ~2 ns per byte.

@@ -5,7 +5,8 @@
 //! ([`chat`], [`completion`], [`message`]), their answers and streamed
 //! chunks ([`response`], [`stream`]), `/v1/models` ([`models`]), vLLM's
 //! `/tokenize` and `/detokenize` ([`tokenize`]), and the error body
-//! ([`api_error`]). [`sse`] frames and parses event streams.
+//! ([`api_error`]); Anthropic's Messages API where it differs
+//! ([`anthropic`]). [`sse`] frames and parses event streams.
 //!
 //! Two rules shape the request types. First, **a request is forwarded as the
 //! client wrote it**: engines keep adding fields, so every request object
@@ -19,6 +20,7 @@
 //!
 //! This crate is sans-IO: no sockets, no runtime, no clock.
 
+pub mod anthropic;
 pub mod api_error;
 pub mod chat;
 pub mod completion;

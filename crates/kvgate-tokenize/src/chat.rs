@@ -30,6 +30,7 @@ use std::sync::{Arc, OnceLock};
 use serde_json::{Map, Value};
 use tokenizers::{AddedToken, Tokenizer};
 
+use crate::anthropic::{MessagesRules, EFFORTS};
 use crate::config::{AddedTokenSpec, TokenizerConfig};
 use crate::encoder::{Encoder, EncoderChoice, EncoderPath};
 use crate::prefix_cache::PrefixRules;
@@ -38,7 +39,7 @@ use crate::error::{Result, TokenizeError};
 use crate::model_dir::{ChatTemplates, ModelDir};
 use crate::preprocess::{self, TemplateKwargs};
 use crate::request::{ChatRequest, Endpoint};
-use crate::template::{json_to_value, map_value, ChatTemplate, ContentFormat};
+use crate::template::{json_to_value, map_value, renders_bare, ChatTemplate, ContentFormat};
 use crate::validate::validate_message;
 
 /// transformers' marker for `continue_final_message`.
@@ -87,6 +88,9 @@ pub struct ChatTokenizer {
     added_tokens: Vec<String>,
     clean_up_spaces: bool,
     options: ChatOptions,
+    /// What vLLM's Messages conversion reads from the template, probed on
+    /// first use.
+    messages_rules: OnceLock<MessagesRules>,
 }
 
 impl ChatTokenizer {
@@ -187,13 +191,67 @@ impl ChatTokenizer {
             // transformers 5 skips the cleanup for BPE models.
             clean_up_spaces: dir.config.clean_up_tokenization_spaces && !is_bpe,
             options: ChatOptions::default(),
+            messages_rules: OnceLock::new(),
         })
     }
 
     /// Replaces the server-side options.
     pub fn with_options(mut self, options: ChatOptions) -> ChatTokenizer {
         self.options = options;
+        self.messages_rules = OnceLock::new();
         self
+    }
+
+    /// What vLLM's Anthropic Messages conversion reads from this model's
+    /// template, found by the probes vLLM runs when it starts (rendered
+    /// once, on first use).
+    pub fn messages_rules(&self) -> MessagesRules {
+        *self.messages_rules.get_or_init(|| MessagesRules {
+            merge_inline_system: self.requires_system_first(),
+            disabled_thinking_effort: self.disabled_thinking_effort(),
+        })
+    }
+
+    /// `_should_merge_inline_system`: whether the template (for no tools, or
+    /// for tools) fails on `[system, user, system, user]` in plain Jinja2;
+    /// a model without a template merges.
+    fn requires_system_first(&self) -> bool {
+        let message = |role: &str| serde_json::json!({"role": role, "content": "t"});
+        let messages = Value::Array(vec![
+            message("system"),
+            message("user"),
+            message("system"),
+            message("user"),
+        ]);
+        let context = || {
+            map_value([
+                ("messages".into(), json_to_value(&messages)),
+                ("add_generation_prompt".into(), false.into()),
+            ])
+        };
+        [false, true].into_iter().any(|tools| match self.templates.select(None, tools) {
+            Ok(source) => !renders_bare(source, context()),
+            Err(_) => true,
+        })
+    }
+
+    /// `DisabledThinkingEffortResolver._probe`: `"none"` unless the
+    /// template fails on it or renders it like some thinking effort (it
+    /// ignores it), then `"low"`.
+    fn disabled_thinking_effort(&self) -> &'static str {
+        let render = |effort: &str| {
+            let mut r =
+                ChatRequest::new(vec![serde_json::json!({"role": "user", "content": "Hi"})]);
+            r.endpoint = Endpoint::ChatCompletions;
+            r.extra.insert("reasoning_effort".into(), Value::String(effort.into()));
+            self.render_chat(&r).ok()
+        };
+        let Some(none) = render("none") else { return "low" };
+        if EFFORTS.iter().any(|e| render(e).as_ref() == Some(&none)) {
+            "low"
+        } else {
+            "none"
+        }
     }
 
     /// The encoder in use and, when it is not the preferred one, why.

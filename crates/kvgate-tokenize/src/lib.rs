@@ -14,6 +14,8 @@
 //!   template with minijinja configured like transformers' Jinja2
 //!   environment (module `template`), and encodes the result with
 //!   `tokenizers`.
+//! - [`messages_to_chat`] turns an Anthropic Messages request into the
+//!   chat request vLLM renders for it.
 //! - [`prefix_cache`] re-uses the tokens of earlier conversation prefixes,
 //!   and [`pool`] runs tokenization off the async runtime.
 //!
@@ -35,6 +37,7 @@
 //! # Ok::<(), kvgate_tokenize::TokenizeError>(())
 //! ```
 
+mod anthropic;
 mod chat;
 mod config;
 mod encoder;
@@ -49,6 +52,7 @@ pub mod service;
 mod template;
 mod validate;
 
+pub use anthropic::{messages_to_chat, MessagesEndpoint, MessagesRules};
 pub use chat::{ChatOptions, ChatTokenizer};
 pub use encoder::{EncoderChoice, EncoderPath};
 pub use error::{Result, TokenizeError};

@@ -376,7 +376,7 @@ fn parse_arguments(arguments: Option<&Value>) -> Value {
 }
 
 /// Python truthiness of a JSON value.
-fn is_truthy(value: &Value) -> bool {
+pub(crate) fn is_truthy(value: &Value) -> bool {
     match value {
         Value::Null => false,
         Value::Bool(b) => *b,

@@ -16,14 +16,21 @@
 //! event whose only `data` line is `[DONE]` and which has no `event` name.
 //! One difference: the parser drops an event bigger than its size bound,
 //! while this scanner keeps no bound, as it keeps no bytes.
+//!
+//! Anthropic's Messages streams have no `[DONE]`: they end with an event
+//! named `message_stop` (or `error`), which [`SseFraming::named_end`]
+//! reports.
 
 use super::lines::{Lines, Piece};
 use super::DONE_DATA;
 
-/// The longest line prefix that decides anything: `event:` and
-/// `data:[DONE]` fit, and `data: [DONE]` is 12 bytes; one more tells a line
-/// that only starts with it.
-const PREFIX: usize = 13;
+/// The longest line prefix that decides anything: `data: [DONE]` is 12
+/// bytes and `event: message_stop` 19; one more tells a line that only
+/// starts with it.
+const PREFIX: usize = 20;
+
+/// The event names that end an Anthropic Messages stream.
+const END_NAMES: [&[u8]; 2] = [b"message_stop", b"error"];
 
 /// What the `data` lines of the event in progress add up to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -51,8 +58,11 @@ pub struct SseFraming {
     has_fields: bool,
     /// It has an `event` name.
     has_name: bool,
+    /// That name is one of [`END_NAMES`].
+    end_name: bool,
     data: Data,
     done: bool,
+    named_end: bool,
     events: u64,
 }
 
@@ -71,8 +81,10 @@ impl SseFraming {
             lines: Lines::default(),
             has_fields: false,
             has_name: false,
+            end_name: false,
             data: Data::None,
             done: false,
+            named_end: false,
             events: 0,
         }
     }
@@ -80,6 +92,12 @@ impl SseFraming {
     /// Whether the `[DONE]` event has been dispatched.
     pub fn is_done(&self) -> bool {
         self.done
+    }
+
+    /// Whether an event named `message_stop` or `error` has been
+    /// dispatched: the end of an Anthropic Messages stream.
+    pub fn named_end(&self) -> bool {
+        self.named_end
     }
 
     /// Events dispatched so far, `[DONE]` included.
@@ -123,9 +141,13 @@ impl SseFraming {
                 if self.data == Data::Done && !self.has_name {
                     self.done = true;
                 }
+                if self.end_name {
+                    self.named_end = true;
+                }
             }
             self.has_fields = false;
             self.has_name = false;
+            self.end_name = false;
             self.data = Data::None;
             return;
         }
@@ -150,6 +172,14 @@ impl SseFraming {
             };
         } else if name_end == 5 && name == b"event" {
             self.has_name = true;
+            let value = &line[(name_end + 1).min(line.len())..];
+            let value_len = len.saturating_sub(name_end + 1);
+            let (value, value_len) = match value.first() {
+                Some(b' ') => (&value[1..], value_len - 1),
+                _ => (value, value_len),
+            };
+            // A later `event` line replaces the name, as in the parser.
+            self.end_name = END_NAMES.iter().any(|n| value_len == n.len() && value == *n);
         }
     }
 }
@@ -189,6 +219,20 @@ mod tests {
         assert!(scan(&[b"data:[DONE]\r\n\r\n"]).is_done());
         assert!(scan(&[b": keep-alive\n\ndata: [DONE]\r\r"]).is_done());
         assert!(scan(&[b"\xEF\xBB", b"\xBFdata: [DONE]\n\n"]).is_done());
+    }
+
+    #[test]
+    fn an_anthropic_stream_ends_with_message_stop_or_error() {
+        let s = b"event: message_start\ndata: {}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        let f = scan(&[s]);
+        assert!(f.named_end());
+        assert!(!f.is_done());
+        assert!(scan(&[b"event:error\r\ndata: {}\r\n\r\n"]).named_end());
+        assert!(!scan(&[b"event: message_stop\ndata: {}\n"]).named_end(), "not dispatched");
+        assert!(!scan(&[b"event: message_stopped\ndata: {}\n\n"]).named_end());
+        assert!(!scan(&[b"event: message_stop\n\n"]).named_end(), "no data: not dispatched");
+        assert!(!scan(&[b"event: message_delta\ndata: {}\n\n"]).named_end());
+        assert!(!scan(&[b"event: message_stop\nevent: x\ndata: {}\n\n"]).named_end());
     }
 
     #[test]

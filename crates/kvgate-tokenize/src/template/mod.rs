@@ -38,7 +38,7 @@ use minijinja::value::Value;
 use minijinja::{Environment, ErrorKind, UndefinedBehavior};
 
 pub use analysis::ContentFormat;
-pub(crate) use pyfmt::is_py_space;
+pub(crate) use pyfmt::{is_py_space, py_str};
 
 use crate::error::{Result, TokenizeError};
 
@@ -111,8 +111,31 @@ impl ChatTemplate {
     }
 }
 
+/// Whether `source` renders `context` in plain Jinja2 (the environment of
+/// [`new_environment`] without transformers' globals `raise_exception` and
+/// `strftime_now`): vLLM's probe of whether a template takes system
+/// messages after the first (`_detect_merge_inline_system`), which renders
+/// in a bare `ImmutableSandboxedEnvironment`, where any template error, a
+/// call to an undefined function included, means no.
+pub(crate) fn renders_bare(source: &str, context: Value) -> bool {
+    let mut env = base_environment();
+    // No `{% generation %}` either: that tag is transformers' extension.
+    if env.add_template_owned(NAME, source.to_owned()).is_err() {
+        return false;
+    }
+    env.get_template(NAME).and_then(|t| t.render(context)).is_ok()
+}
+
 /// The environment shared by all chat templates.
 fn new_environment() -> Environment<'static> {
+    let mut env = base_environment();
+    env.add_function("raise_exception", filters::raise_exception);
+    env.add_function("strftime_now", filters::strftime_now);
+    env
+}
+
+/// Jinja2's environment as transformers configures it, without its globals.
+fn base_environment() -> Environment<'static> {
     let mut env = Environment::new();
     let syntax = minijinja::syntax::SyntaxConfig::builder()
         .trim_blocks(true)
@@ -141,8 +164,6 @@ fn new_environment() -> Environment<'static> {
     env.add_test("sequence", filters::is_sequence);
     env.add_test("callable", filters::is_callable);
     env.add_test("iterable", filters::is_iterable);
-    env.add_function("raise_exception", filters::raise_exception);
-    env.add_function("strftime_now", filters::strftime_now);
     env
 }
 

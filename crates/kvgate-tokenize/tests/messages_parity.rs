@@ -1,0 +1,117 @@
+//! Parity with vLLM for Anthropic Messages requests: every body of
+//! `tests/messages_parity/corpus.jsonl` (`/v1/messages` and
+//! `/v1/messages/count_tokens`), converted by `messages_to_chat` with the
+//! tokenizer's own `messages_rules` and rendered by the chat path, must give
+//! the token ids of `tests/messages_parity/expected-<family>.jsonl`, which
+//! `tests/messages_parity/gen_expected.py` computes with vLLM 0.33.0's own
+//! request models, start-up probes, conversion and renderer. A body vLLM
+//! refuses must be refused too. All mismatches are reported at once.
+//!
+//! qwen3 uses the bundled tokenizer; llama3_1 needs
+//! `.cache/tokenizers/llama3_1/` (`scripts/fetch-tokenizers.sh`).
+
+// Helpers outside #[test] functions panic on broken fixtures on purpose.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use kvgate_tokenize::{messages_to_chat, ChatTokenizer, MessagesEndpoint};
+use serde_json::Value;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/messages_parity")
+}
+
+fn read_jsonl(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: bad line: {e}", path.display()))
+        })
+        .collect()
+}
+
+fn load(family: &str) -> ChatTokenizer {
+    if family == "qwen3" {
+        return ChatTokenizer::bundled().unwrap();
+    }
+    let dir =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/tokenizers").join(family);
+    assert!(
+        dir.join("tokenizer.json").exists(),
+        "{} is missing: run `bash scripts/fetch-tokenizers.sh`",
+        dir.display()
+    );
+    ChatTokenizer::from_dir(&dir).unwrap()
+}
+
+/// kvgate's ids for one corpus case, or its refusal.
+fn compute(tokenizer: &ChatTokenizer, case: &Value) -> Result<Vec<u32>, String> {
+    let endpoint = match case["endpoint"].as_str() {
+        Some("count_tokens") => MessagesEndpoint::CountTokens,
+        _ => MessagesEndpoint::Create,
+    };
+    let body = case["request"].as_object().ok_or("the request is not an object")?;
+    let rules = tokenizer.messages_rules();
+    let chat = messages_to_chat(body, endpoint, &rules, 0).map_err(|e| e.to_string())?;
+    tokenizer.encode_chat(&chat).map_err(|e| e.to_string())
+}
+
+#[test]
+fn messages_parity_with_vllm_for_every_case_and_family() {
+    let corpus = read_jsonl(&dir().join("corpus.jsonl"));
+    assert!(corpus.len() >= 40, "the corpus has only {} cases", corpus.len());
+    let mut failures = Vec::new();
+    let mut summary = Vec::new();
+    for family in ["qwen3", "llama3_1"] {
+        let tokenizer = load(family);
+        let expected = read_jsonl(&dir().join(format!("expected-{family}.jsonl")));
+        let mut passed = 0;
+        for case in &corpus {
+            let id = case["id"].as_str().unwrap_or("?");
+            let Some(want) = expected.iter().find(|e| e["id"] == case["id"]) else {
+                failures.push(format!("[{family}] {id}: no expected line"));
+                continue;
+            };
+            let problem = match (want.get("error"), compute(&tokenizer, case)) {
+                (Some(_), Err(_)) => None,
+                (Some(err), Ok(ids)) => {
+                    Some(format!("vLLM refuses it ({err}) but kvgate gave {} ids", ids.len()))
+                }
+                (None, Err(e)) => Some(format!("kvgate refused: {e}")),
+                (None, Ok(ids)) => {
+                    let want: Vec<u32> = want["ids"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect())
+                        .unwrap_or_default();
+                    (ids != want).then(|| {
+                        let at = ids.iter().zip(&want).position(|(a, b)| a != b);
+                        let at = at.unwrap_or(ids.len().min(want.len()));
+                        format!(
+                            "ids differ at token {at} (len {} vs {}): kvgate {:?} / vLLM {:?}",
+                            ids.len(),
+                            want.len(),
+                            ids.get(at),
+                            want.get(at)
+                        )
+                    })
+                }
+            };
+            match problem {
+                None => passed += 1,
+                Some(p) => failures.push(format!("[{family}] {id}: {p}")),
+            }
+        }
+        summary.push(format!("{family}: {passed}/{}", corpus.len()));
+    }
+    assert!(
+        failures.is_empty(),
+        "messages parity: {}\n{} mismatches:\n{}",
+        summary.join(", "),
+        failures.len(),
+        failures.join("\n")
+    );
+    eprintln!("messages parity: {}", summary.join(", "));
+}
