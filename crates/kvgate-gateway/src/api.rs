@@ -1,6 +1,7 @@
 //! The client-facing handlers besides generation: models, tokenize,
-//! detokenize, health, readiness and metrics; and the generation entry points
-//! that prepare a request and hand it to `forward`.
+//! detokenize, Anthropic's count_tokens, health, readiness and metrics; and
+//! the generation entry points that prepare a request and hand it to
+//! `forward`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,8 +23,8 @@ use crate::metrics::Metrics;
 use crate::pool::Pools;
 use crate::prepare::{self, Preparer};
 use crate::request_error::{Reason, RequestError};
-use crate::response::{answer, error_response};
-use crate::route::Route;
+use crate::response::{answer, error_response, error_response_in};
+use crate::route::{Api, Route};
 use crate::shed::Admitted;
 
 /// What the client-facing handlers use, built once by the wiring: the
@@ -45,7 +46,7 @@ pub(crate) struct ApiContext {
 
 type S = State<Arc<ApiContext>>;
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -62,6 +63,29 @@ pub(crate) async fn completions(
     generate(s, Route::Completions, a, headers, body).await
 }
 
+/// Anthropic's Messages API, routed like chat (`prepare::messages`).
+pub(crate) async fn messages(
+    State(s): S,
+    a: Admitted,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(s, Route::Messages, a, headers, body).await
+}
+
+/// `POST /v1/messages/count_tokens`: answered from kvgate's own renderer
+/// and tokenizer, as `/tokenize` is, in vLLM's shape.
+pub(crate) async fn count_tokens(State(s): S, body: Bytes) -> Response {
+    match prepare::count_tokens(&s.preparer, &body, unix_now()).await {
+        Ok(n) => Json(json!({
+            "input_tokens": n,
+            "context_management": {"original_input_tokens": n},
+        }))
+        .into_response(),
+        Err(e) => error_response_in(Api::Anthropic, &e),
+    }
+}
+
 /// A generation request the shedding layer admitted (`shed.rs`), holding
 /// its in-flight permit until the answer has been streamed out.
 async fn generate(
@@ -76,6 +100,7 @@ async fn generate(
     let prepared = match route {
         Route::Chat => prepare::chat(&s.preparer, body).await,
         Route::Completions => prepare::completions(&s.preparer, body).await,
+        Route::Messages => prepare::messages(&s.preparer, body, unix_now()).await,
     };
     match prepared {
         Ok(p) => {
@@ -94,7 +119,7 @@ async fn generate(
             tracing::Instrument::instrument(forward(&s.forwarder, p, &headers, permit, t0), span)
                 .await
         }
-        Err(e) => answer(&s.metrics, label, "", &RequestError::new(Reason::Invalid, *e)),
+        Err(e) => answer(&s.metrics, Some(route), "", &RequestError::new(Reason::Invalid, *e)),
     }
 }
 

@@ -36,11 +36,11 @@ pub(crate) async fn forward(
     permit: InflightPermit,
     t0: Instant,
 ) -> Response {
-    let label = p.route.label();
+    let route = Some(p.route);
     let fwd_headers = crate::auth::forwarded(client_headers);
     let exclude = match fwd.placer.not_serving(&p).await {
         Ok(x) => x,
-        Err(e) => return answer(&fwd.metrics, label, "", &e),
+        Err(e) => return answer(&fwd.metrics, route, "", &e),
     };
     let mut attempts = Attempts::new(&fwd.placer, p.pool, exclude);
     let max_retries = fwd.limits.max_retries;
@@ -66,7 +66,7 @@ pub(crate) async fn forward(
         };
         let routed = match placed {
             Ok(r) => r,
-            Err(e) => return answer(&fwd.metrics, label, "", &e),
+            Err(e) => return answer(&fwd.metrics, route, "", &e),
         };
         // Held from here: a request dropped while the engine is asked
         // (the client went away) releases its booking on the way out.
@@ -93,7 +93,7 @@ pub(crate) async fn forward(
                 fwd.metrics.count(err.reason);
                 attempts.exclude.push(replica.id);
                 if !err.reason.retryable() || attempts.tried() > max_retries as usize {
-                    return answer(&fwd.metrics, label, &replica.name, &err);
+                    return answer(&fwd.metrics, route, &replica.name, &err);
                 }
                 attempts.last_error = Some(err);
             }
@@ -154,6 +154,7 @@ async fn respond(
             fleet: Arc::clone(&fwd.fleet),
             idle: fwd.limits.stream_idle,
             route: label,
+            api: p.route.api(),
         };
         let relay = Relay::new(ctx, replica, booking, resp.body, permit, t0);
         let mut r = Response::new(Body::from_stream(relay.into_stream()));
@@ -196,7 +197,7 @@ async fn respond(
             fwd.fleet.failed(replica.id, error, Failure::Error, Instant::now());
             let mut r = answer(
                 &fwd.metrics,
-                label,
+                Some(p.route),
                 &replica.name,
                 &RequestError::new(Reason::Upstream, err),
             );

@@ -231,13 +231,16 @@ pub(crate) fn prefill_body(body: &Bytes) -> Option<Bytes> {
 
 /// The decode hop's body: what the replica would get for the whole request,
 /// with `kv_transfer_params` replaced by the prefill's answer, verbatim,
-/// plus the prompt's token ids for chat when kvgate hands them over there.
+/// plus the prompt's token ids for chat and Messages when kvgate hands them
+/// over there.
 pub(crate) fn decode_body(p: &Prepared, replica: &Replica, params: Map<String, Value>) -> Bytes {
     let base = p.body_for(replica.config.passthrough);
     let Ok(mut v) = serde_json::from_slice::<Value>(&base) else { return base };
     let Some(o) = v.as_object_mut() else { return base };
     let ids = match p.route {
-        Route::Chat => o.get("kv_transfer_params").and_then(|k| k.get("prompt_token_ids")).cloned(),
+        Route::Chat | Route::Messages => {
+            o.get("kv_transfer_params").and_then(|k| k.get("prompt_token_ids")).cloned()
+        }
         _ => None,
     };
     let mut params = params;

@@ -8,9 +8,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use kvgate_index::{request_block_keys, BlockKey, ReplicaId};
-use kvgate_openai::{ChatCompletionRequest, CompletionRequest, ErrorResponse, Prompt};
+use kvgate_openai::{anthropic, ChatCompletionRequest, CompletionRequest, ErrorResponse, Prompt};
 use kvgate_router::RouteRequest;
-use kvgate_tokenize::{ChatRequest, Endpoint, TokenizeError};
+use kvgate_tokenize::{messages_to_chat, ChatRequest, Endpoint, MessagesEndpoint, TokenizeError};
+use serde_json::{Map, Value};
 
 use crate::config::Passthrough;
 use crate::fleet::PoolId;
@@ -56,7 +57,8 @@ pub(crate) struct Prepared {
     pub(crate) adapter: Option<String>,
     /// The client's body, byte for byte.
     pub(crate) original: Bytes,
-    /// The body carrying the prompt tokens (chat: `kv_transfer_params`).
+    /// The body carrying the prompt tokens (chat and Messages:
+    /// `kv_transfer_params`).
     pub(crate) with_tokens: Option<Bytes>,
 }
 
@@ -85,7 +87,7 @@ impl Prepared {
     pub(crate) fn body_for(&self, mode: Passthrough) -> Bytes {
         let use_tokens = match (self.route, mode) {
             (_, Passthrough::None) => false,
-            (Route::Chat, Passthrough::TokenPrompt) => false,
+            (Route::Chat | Route::Messages, Passthrough::TokenPrompt) => false,
             (_, _) => true,
         };
         match (&self.with_tokens, use_tokens) {
@@ -224,6 +226,25 @@ fn chat_view(req: &ChatCompletionRequest) -> Result<ChatRequest, Reject> {
     Ok(chat)
 }
 
+/// Renders and tokenizes `chat` with `pool`'s tokenizer, timed. Small
+/// requests (`body_len` bytes) tokenize in place: a hop to the pool and back
+/// costs more CPU (two thread wake-ups) than their tokenization.
+async fn encode_chat(
+    prep: &Preparer,
+    pool: &Pool,
+    chat: ChatRequest,
+    body_len: usize,
+) -> Result<Vec<u32>, TokenizeError> {
+    let t = Instant::now();
+    let r = if body_len <= INLINE_TOKENIZE_BYTES {
+        pool.tokenizer.tokenize().encode_chat(&chat)
+    } else {
+        pool.tokenizer.encode_chat(chat).await
+    };
+    prep.metrics.tokenize_time(t.elapsed().as_secs_f64());
+    r
+}
+
 /// Chat: the engine's own rendering rules, then the tokens.
 pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Reject> {
     let mut req = ChatCompletionRequest::from_slice(&body).map_err(|e| bad(e.to_string()))?;
@@ -234,7 +255,6 @@ pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Rejec
         req.to_vec().map_err(|e| e.to_string())
     })?;
     let identity = CacheIdentity::new(model, cache_salt(&req.extra)?);
-    let tokenizer = &identity.pool.tokenizer;
     check_output_limit(&req.extra)?;
     if req.messages.len() > prep.max_messages {
         return Err(Box::new(
@@ -254,16 +274,7 @@ pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Rejec
         Some(ids) => Some(ids),
         None => {
             let chat = chat_view(&req)?;
-            let t = Instant::now();
-            // Small requests tokenize in place: a hop to the pool and back
-            // costs more CPU (two thread wake-ups) than their tokenization.
-            let r = if body.len() <= INLINE_TOKENIZE_BYTES {
-                tokenizer.tokenize().encode_chat(&chat)
-            } else {
-                tokenizer.encode_chat(chat).await
-            };
-            prep.metrics.tokenize_time(t.elapsed().as_secs_f64());
-            match r {
+            match encode_chat(prep, identity.pool, chat, body.len()).await {
                 Ok(ids) => Some(ids),
                 // Content kvgate cannot render (images, audio): the engine
                 // renders it; kvgate routes by load.
@@ -296,6 +307,104 @@ pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Rejec
         body,
         with_tokens,
     ))
+}
+
+/// Anthropic Messages (`/v1/messages`): converted to the chat request vLLM
+/// renders for it (`kvgate_tokenize::messages_to_chat`), rendered and
+/// tokenized like chat, and forwarded as the client's body with
+/// `kv_transfer_params.prompt_token_ids` (vLLM carries `kv_transfer_params`
+/// into the converted request, where its renderer takes the ids).
+/// Content kvgate cannot render is refused, never routed blind.
+pub(crate) async fn messages(
+    prep: &Preparer,
+    body: Bytes,
+    now_unix: u64,
+) -> Result<Prepared, Reject> {
+    let mut req: Map<String, Value> = match serde_json::from_slice(&body) {
+        Ok(Value::Object(o)) => o,
+        Ok(_) => return Err(bad("the body must be a JSON object")),
+        Err(e) => return Err(bad(format!("invalid JSON body: {e}"))),
+    };
+    let model = check_model(prep, req.get("model").and_then(Value::as_str))?;
+    let body = aliased(body, model.rewrite, |served| {
+        req.insert("model".into(), Value::String(served.to_owned()));
+        serde_json::to_vec(&req).map_err(|e| e.to_string())
+    })?;
+    let identity = CacheIdentity::new(model, cache_salt(&req)?);
+    let tokenizer = &identity.pool.tokenizer;
+    let n_messages = req.get("messages").and_then(Value::as_array).map_or(0, Vec::len);
+    if n_messages > prep.max_messages {
+        return Err(Box::new(
+            invalid(format!("too many messages: {n_messages} (at most {})", prep.max_messages))
+                .with_param("messages"),
+        ));
+    }
+    let max_out = max_output(req.get("max_tokens").and_then(Value::as_u64));
+    let client_ids = anthropic::prompt_token_ids(&req);
+    let passed_by_client = client_ids.is_some();
+    let tokens = match client_ids {
+        Some(ids) => ids,
+        None => {
+            let rules = tokenizer.tokenize().tokenizer().messages_rules();
+            let chat = messages_to_chat(&req, MessagesEndpoint::Create, &rules, now_unix)
+                .map_err(|e| refusal(&e))?;
+            encode_chat(prep, identity.pool, chat, body.len()).await.map_err(|e| refusal(&e))?
+        }
+    };
+    check_length(identity.pool, tokens.len(), max_out)?;
+    // Ids the client passed itself need no new body.
+    let with_tokens = if passed_by_client {
+        None
+    } else {
+        let b = anthropic::body_with_prompt_token_ids(&body, &req, &tokens);
+        Some(Bytes::from(b.map_err(|e| bad(e.to_string()))?))
+    };
+    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    // Anthropic's per-user field, as `user` is chat's.
+    let session = req.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str);
+    Ok(finish(
+        prep,
+        Route::Messages,
+        &identity,
+        Some(tokens),
+        max_out,
+        stream,
+        session.map(str::to_owned),
+        body,
+        with_tokens,
+    ))
+}
+
+/// `/v1/messages/count_tokens`: the prompt tokens vLLM would count for
+/// the body (its `count_tokens` renders the converted chat request and
+/// counts), computed here as `/tokenize` is, without an engine.
+pub(crate) async fn count_tokens(
+    prep: &Preparer,
+    body: &[u8],
+    now_unix: u64,
+) -> Result<usize, Reject> {
+    let req: Map<String, Value> = match serde_json::from_slice(body) {
+        Ok(Value::Object(o)) => o,
+        Ok(_) => return Err(bad("the body must be a JSON object")),
+        Err(e) => return Err(bad(format!("invalid JSON body: {e}"))),
+    };
+    let model = check_model(prep, req.get("model").and_then(Value::as_str))?;
+    let tokenizer = &model.pool.tokenizer;
+    let rules = tokenizer.tokenize().tokenizer().messages_rules();
+    let chat = messages_to_chat(&req, MessagesEndpoint::CountTokens, &rules, now_unix)
+        .map_err(|e| refusal(&e))?;
+    let ids = tokenizer.encode_chat(chat).await.map_err(|e| refusal(&e))?;
+    Ok(ids.len())
+}
+
+/// A conversion or rendering failure on `/v1/messages` as the client's
+/// error: what vLLM refuses keeps its words; what kvgate cannot render
+/// (images) says so, rather than being routed without its tokens.
+fn refusal(e: &TokenizeError) -> Reject {
+    match e {
+        TokenizeError::Unsupported(why) => bad(format!("unsupported content: {why}")),
+        e => bad(e.to_string()),
+    }
 }
 
 /// Completions: text prompts are tokenized as vLLM does (special tokens per

@@ -7,7 +7,11 @@
 //!
 //! The stream never ends silently broken: an engine error, a stall longer
 //! than `stream_idle_timeout_ms`, or an end without `[DONE]` appends a
-//! well-formed SSE error event and `[DONE]`. When the client goes away, the
+//! well-formed SSE error event and `[DONE]`. An Anthropic Messages stream
+//! (`Api::Anthropic`) has no `[DONE]`: its first token is its first
+//! `content_block_delta`, it ends with `message_stop` (or the engine's own
+//! `error` event), and a broken one gets an `error` event in Anthropic's
+//! shape. When the client goes away, the
 //! relay is dropped: the booking is released as cancelled and the upstream
 //! connection closes, which makes vLLM abort the request.
 
@@ -21,7 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::stream::{Stream, StreamExt};
 use kvgate_openai::sse::{write_done, write_error};
-use kvgate_openai::{ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
+use kvgate_openai::{anthropic, ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
 use kvgate_router::Outcome;
 use tokio::time::Sleep;
 
@@ -32,6 +36,7 @@ use crate::metrics::Metrics;
 use crate::replica::Replica;
 use crate::replica_status::Failure;
 use crate::request_error::{Reason, RequestError};
+use crate::route::Api;
 use crate::shed::InflightPermit;
 
 /// Largest single SSE event the tap parses (bigger events pass through but
@@ -47,12 +52,15 @@ pub(crate) struct RelayContext {
     /// `limits.stream_idle_timeout_ms`.
     pub(crate) idle: Duration,
     pub(crate) route: &'static str,
+    /// The route's API: how its first token and its end look.
+    pub(crate) api: Api,
 }
 
 pub(crate) struct Relay {
     metrics: Arc<Metrics>,
     fleet: Arc<FleetHandle>,
     route: &'static str,
+    api: Api,
     replica: Arc<Replica>,
     booking: Option<HeldBooking>,
     upstream: BodyStream,
@@ -85,11 +93,12 @@ impl Relay {
         permit: InflightPermit,
         t0: Instant,
     ) -> Relay {
-        let RelayContext { metrics, fleet, idle, route } = ctx;
+        let RelayContext { metrics, fleet, idle, route, api } = ctx;
         Relay {
             metrics,
             fleet,
             route,
+            api,
             replica,
             booking: Some(booking),
             upstream,
@@ -120,7 +129,7 @@ impl Relay {
     /// Ends the stream for `why`; returns the error tail to send, if any.
     fn close(&mut self, why: End) -> Bytes {
         let (outcome, error) = match why {
-            End::Eof if self.framing.is_done() => (Outcome::Finished, None),
+            End::Eof if self.ended() => (Outcome::Finished, None),
             End::Eof => {
                 let e = ErrorResponse::bad_gateway("the engine ended the stream early");
                 (Outcome::Error, Some(RequestError::new(Reason::Upstream, e)))
@@ -140,6 +149,14 @@ impl Relay {
         self.end(outcome, error)
     }
 
+    /// Whether the engine ended the stream as its API ends one.
+    fn ended(&self) -> bool {
+        match self.api {
+            Api::OpenAi => self.framing.is_done(),
+            Api::Anthropic => self.framing.named_end(),
+        }
+    }
+
     fn observe(&mut self, chunk: &[u8]) {
         self.framing.feed(chunk);
         if self.first_seen {
@@ -150,10 +167,14 @@ impl Relay {
         if self.parser.feed(chunk, &mut self.items).is_err() {
             return;
         }
+        let mut output = false;
         for item in &self.items {
-            self.tap.observe(item);
+            match self.api {
+                Api::OpenAi => output |= self.tap.observe(item).first_output,
+                Api::Anthropic => output |= anthropic::is_output_event(item),
+            }
         }
-        if !self.first_seen && self.tap.has_output() {
+        if !self.first_seen && (output || self.tap.has_output()) {
             self.first_seen = true;
             let now = Instant::now();
             if let Some(b) = self.booking.as_ref() {
@@ -183,8 +204,13 @@ impl Relay {
         if self.framing.mid_event() {
             out.extend_from_slice(b"\n\n");
         }
-        let _ = write_error(&mut out, &e);
-        write_done(&mut out);
+        match self.api {
+            Api::OpenAi => {
+                let _ = write_error(&mut out, &e);
+                write_done(&mut out);
+            }
+            Api::Anthropic => anthropic::write_error_event(&mut out, &e),
+        }
         Bytes::from(out)
     }
 }

@@ -21,10 +21,10 @@ pub(crate) struct Replica {
     pub(crate) name: String,
     /// The URL without a trailing slash.
     pub(crate) base: String,
-    /// The engine's chat and completions URLs, parsed once (parsing a URL
+    /// The engine's URL of each route (`Route::ALL` order), parsed once (parsing a URL
     /// per request was 3 % of a short request's CPU). `http::Uri`, what the
     /// engine client sends on, so nothing is parsed again per request.
-    pub(crate) route_urls: [Uri; 2],
+    pub(crate) route_urls: [Uri; 3],
     /// Its `host:port` ([`Replica::endpoint_of`]), made once: the endpoint
     /// picker names and matches replicas by it on every request.
     pub(crate) endpoint: String,
@@ -37,13 +37,13 @@ pub(crate) struct Replica {
 impl Replica {
     /// `base` + each route's path, parsed (checked as a URL first, for
     /// the same errors as everywhere else a URL is read).
-    pub(crate) fn parse_route_urls(base: &str) -> Result<[Uri; 2], String> {
+    pub(crate) fn parse_route_urls(base: &str) -> Result<[Uri; 3], String> {
         let parse = |route: Route| {
             let text = format!("{base}{}", route.path());
             let url = reqwest::Url::parse(&text).map_err(|e| format!("invalid URL {base}: {e}"))?;
             Uri::try_from(url.as_str()).map_err(|e| format!("invalid URL {base}: {e}"))
         };
-        Ok([parse(Route::Chat)?, parse(Route::Completions)?])
+        Ok([parse(Route::Chat)?, parse(Route::Completions)?, parse(Route::Messages)?])
     }
 
     /// The engine's `host:port` in `url`, as a gateway's endpoint list names
@@ -56,9 +56,6 @@ impl Replica {
 
     /// The engine URL for `route`.
     pub(crate) fn route_url(&self, route: Route) -> &Uri {
-        match route {
-            Route::Chat => &self.route_urls[0],
-            Route::Completions => &self.route_urls[1],
-        }
+        &self.route_urls[route.index()]
     }
 }

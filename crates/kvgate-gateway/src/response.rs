@@ -1,8 +1,8 @@
 //! The one place a gateway error becomes an answer: an HTTP response (the
 //! proxy) or an ext_proc immediate response (the endpoint picker), each
-//! with the OpenAI-style body, its status, and `Retry-After` on answers
-//! that ask the client to come back; [`answer`] and [`immediate`] also
-//! count it.
+//! with its status, the body in the route's API's shape (OpenAI's, or
+//! Anthropic's for `/v1/messages`), and `Retry-After` on answers that ask
+//! the client to come back; [`answer`] and [`immediate`] also count it.
 
 use std::time::Duration;
 
@@ -13,24 +13,34 @@ use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_response, HeaderMutation, ImmediateResponse, ProcessingResponse,
 };
-use kvgate_openai::ErrorResponse;
+use kvgate_openai::{anthropic, ErrorResponse};
 
 use crate::metrics::Metrics;
 use crate::request_error::{Family, RequestError};
+use crate::route::{Api, Route};
 
-/// The answer to a request on `route` (a generation route's label) that
-/// ends in `e`, counted: `kvgate_requests_total{route,status,replica}`
-/// always, and a refusal's reason in `kvgate_rejected_total` (retries and
-/// broken streams are counted where they happen, as each one may not end
-/// the request).
+/// The metric label of a generation route, `other` for none.
+fn label(route: Option<Route>) -> &'static str {
+    route.map_or("other", Route::label)
+}
+
+fn api(route: Option<Route>) -> Api {
+    route.map_or(Api::OpenAi, Route::api)
+}
+
+/// The answer to a request on `route` (a generation route; `None` for
+/// another path) that ends in `e`, counted:
+/// `kvgate_requests_total{route,status,replica}` always, and a refusal's
+/// reason in `kvgate_rejected_total` (retries and broken streams are
+/// counted where they happen, as each one may not end the request).
 pub(crate) fn answer(
     metrics: &Metrics,
-    route: &'static str,
+    route: Option<Route>,
     replica: &str,
     e: &RequestError,
 ) -> Response {
-    count(metrics, route, replica, e);
-    let r = error_response(&e.body);
+    count(metrics, label(route), replica, e);
+    let r = error_response_in(api(route), &e.body);
     match e.retry_after {
         Some(after) => with_retry_after(r, after),
         None => r,
@@ -42,16 +52,16 @@ pub(crate) fn answer(
 /// same way.
 pub(crate) fn immediate(
     metrics: &Metrics,
-    route: &'static str,
+    route: Option<Route>,
     replica: &str,
     e: &RequestError,
 ) -> ProcessingResponse {
-    count(metrics, route, replica, e);
+    count(metrics, label(route), replica, e);
     let mut headers = Vec::new();
     if let Some(after) = e.retry_after {
         headers.push(("retry-after", retry_after_secs(after).to_string().into_bytes()));
     }
-    immediate_response(e.status(), e.body.to_vec(), &headers)
+    immediate_response(e.status(), error_body(api(route), &e.body), &headers)
 }
 
 /// An ext_proc immediate response: the gateway answers with `status`,
@@ -100,8 +110,21 @@ fn retry_after_secs(after: Duration) -> u64 {
 
 /// The status and OpenAI-style JSON body of `e`.
 pub(crate) fn error_response(e: &ErrorResponse) -> Response {
+    error_response_in(Api::OpenAi, e)
+}
+
+/// The status of `e` and its JSON body in `api`'s shape.
+pub(crate) fn error_response_in(api: Api, e: &ErrorResponse) -> Response {
     let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, [(header::CONTENT_TYPE, "application/json")], e.to_vec()).into_response()
+    (status, [(header::CONTENT_TYPE, "application/json")], error_body(api, e)).into_response()
+}
+
+/// `e` as a JSON body in `api`'s shape.
+fn error_body(api: Api, e: &ErrorResponse) -> Vec<u8> {
+    match api {
+        Api::OpenAi => e.to_vec(),
+        Api::Anthropic => anthropic::error_body(e),
+    }
 }
 
 /// `r` with `Retry-After: after` (whole seconds, at least 1).

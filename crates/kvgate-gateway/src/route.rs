@@ -1,31 +1,79 @@
-//! The two generation routes a client can call, and the engine path each
-//! one is forwarded to. Its own module because the request path and the
+//! The generation routes a client can call, the engine path each one is
+//! forwarded to, and the API dialect each speaks (its error body and how
+//! its streams end). Its own module because the request path and the
 //! replica directory both name it.
 
-/// The two generation routes.
+use kvgate_openai::anthropic::{COUNT_TOKENS_PATH, MESSAGES_PATH};
+
+/// The generation routes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Route {
     Chat,
     Completions,
+    /// Anthropic's Messages API, as vLLM serves it.
+    Messages,
+}
+
+/// The API a route belongs to: what its error bodies and streams look like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Api {
+    /// OpenAI's: `{"error": {...}}`, streams end with `data: [DONE]`.
+    OpenAi,
+    /// Anthropic's: `{"type": "error", "error": {...}}`, streams end with
+    /// an event named `message_stop` (or `error`).
+    Anthropic,
+}
+
+impl Api {
+    /// The API of any client path (not only generation routes): Anthropic's
+    /// for `/v1/messages` and `/v1/messages/count_tokens`.
+    pub(crate) fn of_path(path: &str) -> Api {
+        if path == MESSAGES_PATH || path == COUNT_TOKENS_PATH {
+            Api::Anthropic
+        } else {
+            Api::OpenAi
+        }
+    }
 }
 
 impl Route {
+    pub(crate) const ALL: [Route; 3] = [Route::Chat, Route::Completions, Route::Messages];
+
     /// The generation route a request path names, if any.
     pub(crate) fn of_path(path: &str) -> Option<Route> {
-        [Route::Chat, Route::Completions].into_iter().find(|r| r.path() == path)
+        Route::ALL.into_iter().find(|r| r.path() == path)
     }
 
     pub(crate) fn path(self) -> &'static str {
         match self {
             Route::Chat => "/v1/chat/completions",
             Route::Completions => "/v1/completions",
+            Route::Messages => MESSAGES_PATH,
         }
     }
 
+    /// The `route` label of the metrics and the dashboard.
     pub(crate) fn label(self) -> &'static str {
         match self {
             Route::Chat => "chat",
             Route::Completions => "completions",
+            Route::Messages => "messages",
+        }
+    }
+
+    pub(crate) fn api(self) -> Api {
+        match self {
+            Route::Chat | Route::Completions => Api::OpenAi,
+            Route::Messages => Api::Anthropic,
+        }
+    }
+
+    /// Its index among [`Route::ALL`].
+    pub(crate) fn index(self) -> usize {
+        match self {
+            Route::Chat => 0,
+            Route::Completions => 1,
+            Route::Messages => 2,
         }
     }
 }
@@ -36,10 +84,15 @@ mod tests {
 
     #[test]
     fn paths_name_their_routes() {
-        for r in [Route::Chat, Route::Completions] {
+        for (i, r) in Route::ALL.into_iter().enumerate() {
             assert_eq!(Route::of_path(r.path()), Some(r));
+            assert_eq!(r.index(), i);
         }
         assert_eq!(Route::of_path("/v1/models"), None);
         assert_eq!(Route::of_path("/v1/completions/"), None);
+        assert_eq!(Route::of_path("/v1/messages/count_tokens"), None);
+        assert_eq!(Api::of_path("/v1/messages/count_tokens"), Api::Anthropic);
+        assert_eq!(Api::of_path("/v1/messages"), Route::Messages.api());
+        assert_eq!(Api::of_path("/tokenize"), Api::OpenAi);
     }
 }

@@ -27,8 +27,8 @@ use crate::api::ApiContext;
 use crate::config::GatewayConfig;
 use crate::error::StartError;
 use crate::request_error::Reason;
-use crate::response::error_response;
-use crate::route::Route;
+use crate::response::{error_response, error_response_in};
+use crate::route::{Api, Route};
 use crate::state::Shared;
 use crate::throttle::{ClientAddr, KeyKind, KeyVerdict};
 use crate::tls::{ServerTls, ALPN_H2, ALPN_HTTP1};
@@ -55,8 +55,8 @@ async fn client_auth(State(s): State<Arc<Shared>>, req: Request, next: Next) -> 
         KeyVerdict::Throttled(r) => count_refused(&s, req.uri().path(), r),
         KeyVerdict::Denied => {
             s.metrics.count(Reason::Unauthorized);
-            let mut r =
-                error_response(&ErrorResponse::authentication("invalid or missing API key"));
+            let e = ErrorResponse::authentication("invalid or missing API key");
+            let mut r = error_response_in(Api::of_path(req.uri().path()), &e);
             r.headers_mut()
                 .insert("www-authenticate", axum::http::HeaderValue::from_static("Bearer"));
             count_refused(&s, req.uri().path(), r)
@@ -113,11 +113,13 @@ fn app(shared: &Arc<Shared>, api: &Arc<ApiContext>) -> Router {
     let generation = Router::new()
         .route("/v1/chat/completions", post(api::chat))
         .route("/v1/completions", post(api::completions))
+        .route("/v1/messages", post(api::messages))
         .layer(middleware::from_fn_with_state(Arc::clone(shared), client_auth))
         .layer(middleware::from_fn_with_state(shared.shedding(), crate::shed::shed));
     let mut protected = Router::new()
         .route("/v1/models", get(api::models))
         .route("/tokenize", post(api::tokenize))
+        .route("/v1/messages/count_tokens", post(api::count_tokens))
         .route("/detokenize", post(api::detokenize));
     if c.metrics_listen.is_none() {
         protected = protected.route("/metrics", get(api::metrics));

@@ -40,13 +40,13 @@ pub(crate) struct Shedding {
 
 /// The layer (`axum::middleware::from_fn_with_state`).
 pub(crate) async fn shed(State(s): State<Arc<Shedding>>, mut req: Request, next: Next) -> Response {
-    let label = Route::of_path(req.uri().path()).map_or("other", Route::label);
+    let route = Route::of_path(req.uri().path());
     match s.admit() {
         Ok(permit) => {
             req.extensions_mut().insert::<InflightPermit>(permit);
             next.run(req).await
         }
-        Err(e) => answer(&s.metrics, label, "", &e),
+        Err(e) => answer(&s.metrics, route, "", &e),
     }
 }
 

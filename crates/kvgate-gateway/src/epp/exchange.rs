@@ -42,7 +42,7 @@ use crate::prepare::{self, Prepared};
 use crate::replica::Replica;
 use crate::replica_status::Failure;
 use crate::request_error::{Reason, RequestError};
-use crate::route::Route;
+use crate::route::{Api, Route};
 use crate::shed::InflightPermit;
 
 /// Largest single SSE event inspected for the first token.
@@ -113,6 +113,8 @@ struct Placed {
     replica: Arc<Replica>,
     booking: Option<HeldBooking>,
     label: &'static str,
+    /// Its route's API: how the answer's first token and end look.
+    api: Api,
     /// Prompt block keys etc., kept to re-place after a gateway retry.
     prepared: Prepared,
 }
@@ -215,7 +217,7 @@ impl Exchange {
                     "kvgate's endpoint picker needs the ext_proc filter's request_body_mode \
                      FULL_DUPLEX_STREAMED (the gateway sent mode {mode})"
                 ));
-                return Ok(vec![self.refuse("other", RequestError::new(Reason::Invalid, e))]);
+                return Ok(vec![self.refuse(None, RequestError::new(Reason::Invalid, e))]);
             }
         }
         let end = h.end_of_stream;
@@ -249,8 +251,8 @@ impl Exchange {
                         "the request body is larger than {} bytes (limits.max_body_bytes)",
                         self.ctx.max_body_bytes
                     ));
-                    let label = self.label();
-                    return Ok(vec![self.refuse(label, RequestError::new(Reason::Invalid, e))]);
+                    let route = self.route();
+                    return Ok(vec![self.refuse(route, RequestError::new(Reason::Invalid, e))]);
                 }
                 self.body.extend_from_slice(&b.body);
                 if b.end_of_stream {
@@ -272,8 +274,8 @@ impl Exchange {
     }
 
     /// An immediate response for `e`, counted as the proxy counts it.
-    fn refuse(&self, label: &'static str, e: RequestError) -> ProcessingResponse {
-        crate::response::immediate(&self.ctx.metrics, label, "", &e)
+    fn refuse(&self, route: Option<Route>, e: RequestError) -> ProcessingResponse {
+        crate::response::immediate(&self.ctx.metrics, route, "", &e)
     }
 
     /// The whole request has arrived: admit, check, prepare, place, answer.
@@ -286,27 +288,30 @@ impl Exchange {
         // is placed; a refusal below gives it back at once.
         let permit = match ctx.shedding.admit() {
             Ok(p) => p,
-            Err(e) => return vec![self.refuse(label, *e)],
+            Err(e) => return vec![self.refuse(route, *e)],
         };
         let headers = self.headers.take().unwrap_or_default();
         let token = wire::header_str(&headers, "authorization").and_then(crate::auth::bearer_of);
         if !crate::auth::client_token_allowed(&ctx.api_keys, token) {
             let e = ErrorResponse::authentication("invalid or missing API key");
-            return vec![self.refuse(label, RequestError::new(Reason::Unauthorized, e))];
+            return vec![self.refuse(route, RequestError::new(Reason::Unauthorized, e))];
         }
         let body = std::mem::take(&mut self.body).freeze();
         let prepared = match route {
             Some(Route::Chat) => prepare::chat(&ctx.preparer, body).await,
             Some(Route::Completions) => prepare::completions(&ctx.preparer, body).await,
+            Some(Route::Messages) => {
+                prepare::messages(&ctx.preparer, body, crate::api::unix_now()).await
+            }
             None => Ok(unkeyed(body)),
         };
         let p = match prepared {
             Ok(p) => p,
-            Err(e) => return vec![self.refuse(label, RequestError::new(Reason::Invalid, *e))],
+            Err(e) => return vec![self.refuse(route, RequestError::new(Reason::Invalid, *e))],
         };
         let mut exclude = match ctx.placer.not_serving(&p).await {
             Ok(x) => x,
-            Err(e) => return vec![self.refuse(label, e)],
+            Err(e) => return vec![self.refuse(route, e)],
         };
         if let Some(subset) = wire::subset_hint(self.metadata.as_ref()) {
             for r in ctx.replicas.all().iter() {
@@ -319,7 +324,7 @@ impl Exchange {
         let (routed, replica) = loop {
             let routed = match ctx.placer.place(&p, &mut attempts).await {
                 Ok(r) => r,
-                Err(e) => return vec![self.refuse(label, e)],
+                Err(e) => return vec![self.refuse(route, e)],
             };
             match ctx.replicas.get(routed.replica) {
                 Some(replica) => break (routed, replica),
@@ -364,7 +369,8 @@ impl Exchange {
             replies.extend(wire::request_body_chunks(&forwarded));
         }
         let booking = HeldBooking::new(Arc::clone(&ctx.fleet), routed.booking);
-        self.placed = Some(Placed { replica, booking: Some(booking), label, prepared: p });
+        let api = route.map_or(Api::OpenAi, Route::api);
+        self.placed = Some(Placed { replica, booking: Some(booking), label, api, prepared: p });
         self.permit = Some(permit);
         replies
     }
@@ -457,10 +463,13 @@ impl Exchange {
             w.parser = None;
             return;
         }
+        let anthropic = self.placed.as_ref().is_some_and(|p| p.api == Api::Anthropic);
+        let mut output = false;
         for item in &w.items {
             w.tap.observe(item);
+            output |= anthropic && kvgate_openai::anthropic::is_output_event(item);
         }
-        if w.tap.has_output() {
+        if output || w.tap.has_output() {
             w.first_seen = true;
             let now = Instant::now();
             if let Some(p) = &self.placed {
@@ -478,7 +487,11 @@ impl Exchange {
         let Some(p) = self.placed.as_mut() else { return };
         let Some(b) = p.booking.take() else { return };
         let status = self.watch.status;
-        let ok = (200..300).contains(&status) && (!self.watch.sse || self.watch.framing.is_done());
+        let ended = match p.api {
+            Api::OpenAi => self.watch.framing.is_done(),
+            Api::Anthropic => self.watch.framing.named_end(),
+        };
+        let ok = (200..300).contains(&status) && (!self.watch.sse || ended);
         b.finish(if ok { Outcome::Finished } else { Outcome::Error });
         let m = &self.ctx.metrics;
         m.request(p.label, status, &p.replica.name);

@@ -310,7 +310,12 @@ async fn complete_model(api: &ApiContext, model: &str) -> (u16, Option<String>, 
         Err(e) => {
             let e =
                 crate::request_error::RequestError::new(crate::request_error::Reason::Invalid, *e);
-            let resp = crate::response::answer(&api.metrics, "completions", "", &e);
+            let resp = crate::response::answer(
+                &api.metrics,
+                Some(crate::route::Route::Completions),
+                "",
+                &e,
+            );
             let status = resp.status().as_u16();
             let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
             return (status, None, String::from_utf8(body.to_vec()).expect("utf-8"));
@@ -404,4 +409,224 @@ async fn an_adapter_no_replica_serves_is_loaded_once_then_served() {
     assert!(
         m.contains(r#"kvgate_pool_adapter_runtime_loads_total{pool="default",outcome="failed"} 1"#)
     );
+}
+
+// ------------------------------------------------- Anthropic Messages
+
+/// A Messages body with a system prompt, a tool and a finished tool turn.
+fn messages_body(stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": "Qwen/Qwen3-0.6B",
+        "max_tokens": 8,
+        "stream": stream,
+        "system": [{"type": "text", "text": "You are terse."}],
+        "tools": [{"name": "get_weather", "input_schema": {"properties": {"city": {"type": "string"}}}}],
+        "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}},
+            ]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "4 C"}]},
+        ],
+    })
+}
+
+/// The same conversation as a chat completion request (what vLLM converts
+/// it to): kvgate must route both on the same tokens.
+fn equivalent_chat() -> serde_json::Value {
+    serde_json::json!({
+        "model": "Qwen/Qwen3-0.6B",
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "tool_calls": [{"id": "toolu_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "toolu_1", "content": "4 C"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "get_weather", "description": null,
+            "parameters": {"properties": {"city": {"type": "string"}}, "type": "object"}}}],
+    })
+}
+
+/// `body` through the `/v1/messages` handler: status, headers, body.
+async fn messages(api: &Arc<ApiContext>, body: &serde_json::Value) -> (u16, HeaderMap, String) {
+    let permit =
+        Arc::new(Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("permit"));
+    let resp = crate::api::messages(
+        axum::extract::State(Arc::clone(api)),
+        crate::shed::Admitted(permit),
+        HeaderMap::new(),
+        Bytes::from(body.to_string()),
+    )
+    .await;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
+    (status, headers, String::from_utf8(body.to_vec()).expect("utf-8"))
+}
+
+fn anthropic_error(body: &str) -> (String, String) {
+    let v: serde_json::Value = serde_json::from_str(body).expect("JSON error body");
+    assert_eq!(v["type"], "error", "{body}");
+    let kind = v["error"]["type"].as_str().expect("error.type").to_owned();
+    (kind, v["error"]["message"].as_str().expect("error.message").to_owned())
+}
+
+#[tokio::test]
+async fn a_messages_request_is_routed_on_the_chat_tokens_and_relayed_whole() {
+    let (api, fake) = gateway(&["a:1"], |_| {}).await;
+    let answer = r#"{"id":"chatcmpl-1","type":"message","role":"assistant","content":[{"type":"text","text":"Cold."}],"model":"Qwen/Qwen3-0.6B","stop_reason":"end_turn","usage":{"input_tokens":9,"output_tokens":2}}"#;
+    fake.next([Answer::Status(200, answer)]);
+    let (status, headers, body) = messages(&api, &messages_body(false)).await;
+    assert_eq!((status, body.as_str()), (200, answer));
+    assert_eq!(headers["x-kvgate-replica"], "http://a:1");
+    let seen = fake.seen();
+    assert_eq!(seen[0].path, "/v1/messages");
+    let sent: serde_json::Value = serde_json::from_slice(&seen[0].body).expect("JSON");
+    let chat = Bytes::from(equivalent_chat().to_string());
+    let chat = crate::prepare::chat(&api.preparer, chat).await.expect("chat");
+    let ids: Vec<u32> =
+        serde_json::from_value(sent["kv_transfer_params"]["prompt_token_ids"].clone())
+            .expect("the engine gets the token ids");
+    assert_eq!(Some(ids), chat.tokens, "Messages and chat render the same prompt");
+    assert_eq!(sent["messages"], messages_body(false)["messages"], "the body is the client's");
+    let totals = api.fleet.with(|f| f.router().ledger_totals());
+    assert_eq!((totals.finished, totals.errored), (1, 0));
+    let m = metrics(&api);
+    assert!(
+        m.contains(
+            r#"kvgate_requests_total{route="messages",status="200",replica="http://a:1"} 1"#
+        ),
+        "{m}"
+    );
+}
+
+const MESSAGE_START: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"q\"}}\n\n";
+const BLOCK_START: &str = "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n";
+const DELTA: &str = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Cold\"}}\n\n";
+const MESSAGE_END: &str = "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+#[tokio::test]
+async fn a_messages_stream_is_relayed_unchanged_and_its_first_delta_is_the_first_token() {
+    let (api, fake) = gateway(&["a:1"], |_| {}).await;
+    let chunks = vec![
+        (Duration::ZERO, MESSAGE_START),
+        (Duration::from_millis(5), BLOCK_START),
+        (Duration::ZERO, DELTA),
+        (Duration::ZERO, MESSAGE_END),
+    ];
+    let expected: String = chunks.iter().map(|(_, c)| *c).collect();
+    fake.next([Answer::Sse(chunks, End::Close)]);
+    let (status, _, body) = messages(&api, &messages_body(true)).await;
+    assert_eq!((status, body), (200, expected));
+    let totals = api.fleet.with(|f| f.router().ledger_totals());
+    assert_eq!((totals.first_tokens, totals.finished, totals.errored), (1, 1, 0));
+    assert!(
+        metrics(&api).contains(r#"kvgate_time_to_first_token_seconds_count{route="messages"} 1"#)
+    );
+    assert_eq!(failures(&api, "a:1"), 0, "message_stop ends the stream");
+}
+
+#[tokio::test]
+async fn a_cut_messages_stream_ends_with_an_anthropic_error_event() {
+    let (api, fake) = gateway(&["a:1"], |_| {}).await;
+    fake.next([Answer::Sse(
+        vec![(Duration::ZERO, MESSAGE_START), (Duration::ZERO, DELTA)],
+        End::Close,
+    )]);
+    let (status, _, body) = messages(&api, &messages_body(true)).await;
+    assert_eq!(status, 200);
+    let tail =
+        body.strip_prefix(&format!("{MESSAGE_START}{DELTA}")).expect("the engine's bytes first");
+    let data = tail.strip_prefix("event: error\ndata: ").and_then(|t| t.strip_suffix("\n\n"));
+    let (kind, message) = anthropic_error(data.expect("one error event"));
+    assert_eq!(kind, "api_error");
+    assert!(message.contains("ended the stream early"), "{message}");
+    assert!(!body.contains("[DONE]"), "no OpenAI sentinel in an Anthropic stream");
+    assert_eq!(failures(&api, "a:1"), 1);
+}
+
+#[tokio::test]
+async fn messages_errors_come_in_anthropics_shape() {
+    let (api, fake) = gateway(&["a:1"], |_| {}).await;
+    let with = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut b = messages_body(false);
+        f(&mut b);
+        b
+    };
+    let cases: [(serde_json::Value, u16, &str, &str); 5] = [
+        (
+            with(&|b| b["messages"][0]["content"] = serde_json::json!([{"type": "document"}])),
+            400,
+            "invalid_request_error",
+            "unknown content block type \"document\"",
+        ),
+        (
+            with(&|b| {
+                b["messages"][0]["content"] = serde_json::json!([{"type": "image",
+                    "source": {"type": "url", "url": "https://x/y.png"}}])
+            }),
+            400,
+            "invalid_request_error",
+            "unsupported content: image content",
+        ),
+        (with(&|b| b["model"] = "nope".into()), 404, "not_found_error", "does not exist"),
+        (with(&|b| b["max_tokens"] = 0.into()), 400, "invalid_request_error", "max_tokens"),
+        (
+            with(&|b| b["max_tokens"] = 100_000.into()),
+            400,
+            "invalid_request_error",
+            "maximum context length",
+        ),
+    ];
+    for (body, want_status, want_kind, want_text) in cases {
+        let (status, _, answer) = messages(&api, &body).await;
+        let (kind, message) = anthropic_error(&answer);
+        assert_eq!((status, kind.as_str()), (want_status, want_kind), "{answer}");
+        assert!(message.contains(want_text), "{message}");
+    }
+    assert!(fake.seen().is_empty(), "nothing refused reached an engine");
+    // Every engine fails: the last engine error, in Anthropic's shape.
+    let (api, fake) = gateway(&["a:1", "b:2"], |_| {}).await;
+    let busy = r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#;
+    fake.next([Answer::Status(503, busy), Answer::Status(503, busy)]);
+    let (status, _, answer) = messages(&api, &messages_body(false)).await;
+    let (kind, message) = anthropic_error(&answer);
+    assert_eq!((status, kind.as_str()), (503, "overloaded_error"), "{answer}");
+    assert!(message.contains("busy"), "{message}");
+}
+
+#[tokio::test]
+async fn count_tokens_counts_what_the_messages_request_would_send() {
+    let (api, fake) = gateway(&["a:1"], |_| {}).await;
+    let mut body = messages_body(false);
+    let prepared = crate::prepare::messages(&api.preparer, Bytes::from(body.to_string()), 0)
+        .await
+        .expect("prepared");
+    if let Some(b) = body.as_object_mut() {
+        b.remove("max_tokens");
+        b.remove("stream");
+    }
+    let resp = crate::api::count_tokens(
+        axum::extract::State(Arc::clone(&api)),
+        Bytes::from(body.to_string()),
+    )
+    .await;
+    assert_eq!(resp.status().as_u16(), 200);
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
+    let v: serde_json::Value = serde_json::from_slice(&bytes).expect("JSON");
+    assert_eq!(v["input_tokens"], prepared.prompt_tokens);
+    assert_eq!(v["context_management"]["original_input_tokens"], prepared.prompt_tokens);
+    let resp = crate::api::count_tokens(
+        axum::extract::State(Arc::clone(&api)),
+        Bytes::from_static(
+            br#"{"model":"Qwen/Qwen3-0.6B","messages":[{"role":"tool","content":"x"}]}"#,
+        ),
+    )
+    .await;
+    assert_eq!(resp.status().as_u16(), 400);
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
+    let (kind, _) = anthropic_error(std::str::from_utf8(&bytes).expect("utf-8"));
+    assert_eq!(kind, "invalid_request_error");
+    assert!(fake.seen().is_empty(), "counted without an engine");
 }

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use kvgate_events::publisher::drop_decision;
 use kvgate_events::BlockHash;
-use kvgate_openai::{ChatCompletionRequest, CompletionRequest, Prompt};
+use kvgate_openai::{anthropic, ChatCompletionRequest, CompletionRequest, Prompt};
 use kvgate_tokenize::{ChatRequest, Endpoint};
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
@@ -61,7 +61,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -536,11 +536,13 @@ pub(super) async fn generate_tokens(
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+pub(super) enum Kind {
     Chat,
     Completion,
     /// vLLM's token-in/token-out `/inference/v1/generate`.
     Generate,
+    /// Anthropic's `/v1/messages` (`messages.rs` writes its shapes).
+    Messages,
 }
 
 /// Deterministic output text: one word per token id.
@@ -559,6 +561,19 @@ fn finish_str(reason: Option<FinishReason>) -> Value {
         Some(FinishReason::Stop) => json!("stop"),
         None => Value::Null,
     }
+}
+
+/// vLLM's `_to_anthropic_stop_reason` for what the sim finishes with; a
+/// stream without a finish reads as `stop`, as vLLM's converter reads it.
+fn anthropic_stop(reason: Option<FinishReason>) -> &'static str {
+    match reason {
+        Some(FinishReason::Length) => "max_tokens",
+        Some(FinishReason::Stop) | None => "end_turn",
+    }
+}
+
+fn anthropic_usage(prompt: usize, output: u64, cached: u32) -> Value {
+    anthropic::usage(prompt as u64, output, u64::from(cached))
 }
 
 fn usage(prompt: usize, completion: u64, cached: u32) -> Value {
@@ -593,7 +608,7 @@ pub(super) fn requested_rank(headers: &HeaderMap) -> Option<u32> {
     headers.get("x-data-parallel-rank")?.to_str().ok()?.trim().parse().ok()
 }
 
-async fn generate(
+pub(super) async fn generate(
     state: Shared,
     kind: Kind,
     prompt: Vec<u32>,
@@ -667,7 +682,8 @@ async fn generate(
     }
     let mut guard = AbortGuard { state: Arc::clone(&state), rank, id, done: false };
     let (prefix, object, chunk_object) = match kind {
-        Kind::Chat => ("chatcmpl", "chat.completion", "chat.completion.chunk"),
+        // vLLM's Messages answers carry the chat completion's id.
+        Kind::Chat | Kind::Messages => ("chatcmpl", "chat.completion", "chat.completion.chunk"),
         Kind::Completion => ("cmpl", "text_completion", "text_completion"),
         Kind::Generate => ("gen", "", ""),
     };
@@ -718,6 +734,15 @@ async fn generate(
                 "finish_reason": finish_str(finish),
                 "stop_reason": null,
             }),
+            Kind::Messages => {
+                let stop = finish.map(|f| anthropic_stop(Some(f)));
+                let usage = anthropic_usage(prompt_len, n, cached);
+                let mut body = anthropic::message(&rid, &model, &text, stop, usage);
+                if !kv_params.is_null() {
+                    body["kv_transfer_params"] = kv_params;
+                }
+                return Json(body).into_response();
+            }
             Kind::Generate => {
                 return Json(json!({
                     "request_id": rid,
@@ -759,6 +784,55 @@ async fn generate(
             }
             frame(v)
         };
+        if kind == Kind::Messages {
+            // vLLM sends message_start on the engine's first chunk.
+            let Some(TokenOutput { token, finished, cached_tokens, .. }) = tok_rx.recv().await
+            else {
+                return;
+            };
+            if stall_after == 0 {
+                body_tx.closed().await;
+                return;
+            }
+            let mut frames = Vec::new();
+            let usage = anthropic_usage(prompt_len, 0, cached_tokens);
+            anthropic::write_message_start(&mut frames, &rid, &model, usage);
+            anthropic::write_text_delta(&mut frames, true, word(token));
+            let mut n = 1u64;
+            let mut last = finished;
+            let mut cached = cached_tokens;
+            if body_tx.send(Bytes::from(frames)).await.is_err() {
+                return;
+            }
+            while last.is_none() {
+                let Some(t) = tok_rx.recv().await else { break };
+                if n >= stall_after {
+                    body_tx.closed().await;
+                    return;
+                }
+                n += 1;
+                cached = t.cached_tokens;
+                last = t.finished;
+                let mut frame = Vec::new();
+                anthropic::write_text_delta(&mut frame, false, word(t.token));
+                if body_tx.send(Bytes::from(frame)).await.is_err() {
+                    return;
+                }
+            }
+            if last.is_some() {
+                guard.done = true;
+                finished_one(&guard.state);
+                if hop == Hop::Prefill {
+                    start_lease(&guard.state, guard.rank, guard.id);
+                }
+            }
+            let mut end = Vec::new();
+            let usage = anthropic_usage(prompt_len, n, cached);
+            anthropic::write_message_end(&mut end, true, anthropic_stop(last), usage);
+            let _ = body_tx.send(Bytes::from(end)).await;
+            drop(guard);
+            return;
+        }
         if kind == Kind::Chat {
             let first = chunk(
                 json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
@@ -779,7 +853,8 @@ async fn generate(
             n += 1;
             cached = cached_tokens;
             let choice = match kind {
-                Kind::Chat => {
+                // Messages streams were answered above.
+                Kind::Chat | Kind::Messages => {
                     json!({"index": 0, "delta": {"content": word(token)}, "logprobs": null, "finish_reason": finish_str(finished)})
                 }
                 Kind::Completion => {

@@ -9,6 +9,7 @@ mod driver;
 mod http;
 mod kv_transfer;
 mod lora;
+mod messages;
 pub mod metrics;
 mod render;
 mod routes;
