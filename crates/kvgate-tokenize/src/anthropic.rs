@@ -210,7 +210,8 @@ pub fn messages_to_chat(
                 convert_blocks(blocks, &m.role, &mut msg, &mut out, now_unix)?
             }
         }
-        if !(m.role == "user" && !msg.contains_key("content")) {
+        // A user message left without content (only tool results) is dropped.
+        if m.role != "user" || msg.contains_key("content") {
             out.push(Value::Object(msg));
         }
     }

@@ -19,7 +19,7 @@ use kvgate_tokenize::{messages_to_chat, MessagesEndpoint};
 use serde_json::{json, Map, Value};
 
 use crate::server::http::{
-    bad, check_model, generate, parse_json, sampling, unix_now, Kind, Shared,
+    bad, check_model, generate, parse_json, sampling, unix_now, ApiError, Kind, Shared,
 };
 
 /// Largest error body re-shaped (the sim's own are a few hundred bytes).
@@ -37,7 +37,7 @@ pub(super) async fn messages(
 async fn create(state: Shared, headers: HeaderMap, body: Bytes) -> Response {
     let request = match object(&body) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(e) => return e.into_response(),
     };
     let model = request.get("model").and_then(Value::as_str);
     if let Err(e) = check_model(&state, model) {
@@ -75,7 +75,7 @@ pub(super) async fn count_tokens(State(state): State<Shared>, body: Bytes) -> Re
     let r = async {
         let request = match object(&body) {
             Ok(r) => r,
-            Err(r) => return r,
+            Err(e) => return e.into_response(),
         };
         if let Err(e) = check_model(&state, request.get("model").and_then(Value::as_str)) {
             return e.into_response();
@@ -98,11 +98,10 @@ pub(super) async fn count_tokens(State(state): State<Shared>, body: Bytes) -> Re
     anthropic_errors(r.await).await
 }
 
-fn object(body: &Bytes) -> Result<Map<String, Value>, Response> {
-    match parse_json(body) {
-        Ok(Value::Object(o)) => Ok(o),
-        Ok(_) => Err(bad("the body must be a JSON object")),
-        Err(e) => Err(e.into_response()),
+fn object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
+    match parse_json(body)? {
+        Value::Object(o) => Ok(o),
+        _ => Err(ApiError::bad("the body must be a JSON object")),
     }
 }
 
