@@ -124,7 +124,8 @@ pub(crate) struct ReplayArgs {
     /// Most running requests per engine.
     #[arg(long, default_value_t = 256)]
     pub(crate) max_num_seqs: u32,
-    /// Engine timing preset: llmd_qwen3_32b or dynamo_mocker.
+    /// Engine timing preset: llmd_qwen3_32b, dynamo_mocker or vllm_cpu_tiny (fitted to the
+    /// real CPU engine of docs/real-vllm.md).
     #[arg(long, default_value = "llmd_qwen3_32b")]
     pub(crate) timing: String,
     /// Delay between an engine step's end and its KV events reaching the index, ms.
@@ -360,7 +361,10 @@ fn fleet_spec(args: &ReplayArgs) -> anyhow::Result<FleetSpec> {
     let mut f = FleetSpec::acceptance();
     f.replicas = args.replicas;
     let timing = TimingModel::preset(&args.timing).with_context(|| {
-        format!("unknown timing preset {:?}; expected llmd_qwen3_32b or dynamo_mocker", args.timing)
+        format!(
+            "unknown timing preset {:?}; expected llmd_qwen3_32b, dynamo_mocker or vllm_cpu_tiny",
+            args.timing
+        )
     })?;
     f.engine.timing = timing;
     if args.block_size != f.engine.block_size {
