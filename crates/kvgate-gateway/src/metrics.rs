@@ -30,6 +30,7 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::request_error::{Family as ReasonFamily, Reason};
+use crate::route::Route;
 use crate::snapshot::{FleetSnapshot, ReplicaSnapshot};
 use crate::ttft_ring::RecentTtft;
 
@@ -150,6 +151,8 @@ pub(crate) struct Metrics {
     connections_refused: Counter,
     /// The last TTFTs with their times, for the dashboard's percentiles.
     recent_ttft: RecentTtft,
+    /// `kvgate_requests_total` summed per route, for the dashboard.
+    by_route: [std::sync::atomic::AtomicU64; 3],
 }
 
 impl Default for Metrics {
@@ -301,6 +304,7 @@ impl Metrics {
             open_connections,
             connections_refused,
             recent_ttft: RecentTtft::default(),
+            by_route: Default::default(),
         }
     }
 
@@ -315,6 +319,15 @@ impl Metrics {
     pub(crate) fn request(&self, route: &'static str, status: u16, replica: &str) {
         let labels = RequestLabels { route, status, replica: replica.to_owned() };
         self.requests.get_or_create(&labels).inc();
+        if let Some(r) = Route::ALL.iter().find(|r| r.label() == route) {
+            self.by_route[r.index()].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Requests answered per generation route (`Route::ALL` order) since
+    /// start: the dashboard's requests/s by API.
+    pub(crate) fn requests_by_route(&self) -> [u64; 3] {
+        self.by_route.each_ref().map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Time to first token on `route`, seconds.

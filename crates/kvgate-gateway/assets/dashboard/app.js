@@ -277,6 +277,9 @@ function onFrame(f) {
   while (history.length && f.uptime_s - history[0].t > HISTORY_S) history.shift();
 
   $('fleet-rps').textContent = rate(fl.requests_per_s, 'req/s');
+  const byApi = Object.entries(fl.requests_per_s_by_route ?? {}).filter(([, v]) => v);
+  $('fleet-by-api').textContent = byApi.length
+    ? byApi.map(([api, v]) => `${api} ${v.toFixed(1)}`).join(' · ') : '–';
   $('fleet-predicted-hit').textContent = pct(fl.predicted_hit_rate);
   $('fleet-engine-hit').textContent = pct(fl.engine_hit_rate);
   $('fleet-ttft-p50').textContent = secs(fl.ttft_p50_s);

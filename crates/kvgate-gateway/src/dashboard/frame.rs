@@ -8,7 +8,10 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use std::collections::BTreeMap;
+
 use super::window::{Rates, ReplicaRates};
+use crate::route::Route;
 use crate::snapshot::{FleetSnapshot, PoolSnapshot, ReplicaSnapshot};
 use crate::ttft_ring::TtftSummary;
 
@@ -30,6 +33,9 @@ pub(crate) struct ReplicaFrame {
 pub(crate) struct FleetFrame {
     /// Requests routed per second.
     pub(crate) requests_per_s: Option<f64>,
+    /// Requests answered per second by API route (`chat`, `completions`,
+    /// `messages`).
+    pub(crate) requests_per_s_by_route: BTreeMap<&'static str, Option<f64>>,
     /// Prompt tokens kvgate predicted cached on the chosen replica, 0–1.
     pub(crate) predicted_hit_rate: Option<f64>,
     /// Prompt tokens the engines reported as prefix-cache hits, 0–1.
@@ -83,6 +89,10 @@ impl Frame {
         let count = |h: &str| snap.replicas.iter().filter(|r| r.health == h).count();
         let fleet = FleetFrame {
             requests_per_s: rates.requests_per_s,
+            requests_per_s_by_route: Route::ALL
+                .iter()
+                .map(|r| (r.label(), rates.by_route_per_s[r.index()]))
+                .collect(),
             predicted_hit_rate: rates.predicted_hit_rate,
             engine_hit_rate: rates.engine_hit_rate,
             ttft_p50_s: ttft.p50_s,
@@ -155,6 +165,7 @@ mod tests {
         let rates = Rates {
             span_s: 5.0,
             requests_per_s: Some(2.0),
+            by_route_per_s: [Some(1.5), None, Some(0.5)],
             predicted_hit_rate: Some(0.5),
             engine_hit_rate: Some(0.4),
             replicas: vec![ReplicaRates { events_per_s: Some(12.5), ..ReplicaRates::default() }],
@@ -165,6 +176,10 @@ mod tests {
         assert_eq!(v["seq"], 9);
         assert_eq!(v["window_s"], 5.0);
         assert_eq!(v["fleet"]["requests_per_s"], 2.0);
+        assert_eq!(
+            v["fleet"]["requests_per_s_by_route"],
+            serde_json::json!({"chat": 1.5, "completions": null, "messages": 0.5})
+        );
         assert_eq!(v["fleet"]["ttft_p90_s"], 0.3);
         assert_eq!(v["fleet"]["healthy"], 1);
         assert_eq!(v["fleet"]["down"], 1);

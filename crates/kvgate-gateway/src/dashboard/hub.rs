@@ -80,7 +80,8 @@ async fn sample(hub: Arc<Hub>, s: Arc<Sampler>) {
         }
         let now = Instant::now();
         let snap = s.view.snapshot(now);
-        window.push(Sample::of(&snap, s.metrics.prompt_token_totals(), now));
+        let by_route = s.metrics.requests_by_route();
+        window.push(Sample::of(&snap, s.metrics.prompt_token_totals(), by_route, now));
         let ttft = s.metrics.recent_ttft().summary(window_span, now);
         let recent = recent_decisions_json(&s.view, c.decisions, now);
         seq += 1;

@@ -27,12 +27,19 @@ pub(crate) struct Sample {
     pub(crate) routed: u64,
     pub(crate) prompt_tokens: u64,
     pub(crate) predicted_cached_tokens: u64,
+    /// Requests answered per generation route (`Route::ALL` order).
+    pub(crate) by_route: [u64; 3],
     pub(crate) replicas: Vec<ReplicaCounters>,
 }
 
 impl Sample {
     /// The counters of `snap`, with the gateway's prompt-token totals.
-    pub(crate) fn of(snap: &FleetSnapshot, prompt_totals: (u64, u64), at: Instant) -> Sample {
+    pub(crate) fn of(
+        snap: &FleetSnapshot,
+        prompt_totals: (u64, u64),
+        by_route: [u64; 3],
+        at: Instant,
+    ) -> Sample {
         let replicas = snap
             .replicas
             .iter()
@@ -48,6 +55,7 @@ impl Sample {
             routed: snap.decisions[0],
             prompt_tokens: prompt_totals.0,
             predicted_cached_tokens: prompt_totals.1,
+            by_route,
             replicas,
         }
     }
@@ -71,6 +79,9 @@ pub(crate) struct Rates {
     /// Seconds between the two samples compared (0 with one sample).
     pub(crate) span_s: f64,
     pub(crate) requests_per_s: Option<f64>,
+    /// Requests answered per second per generation route (`Route::ALL`
+    /// order).
+    pub(crate) by_route_per_s: [Option<f64>; 3],
     /// Predicted cached / routed prompt tokens.
     pub(crate) predicted_hit_rate: Option<f64>,
     /// The engines' prefix-cache hits / queries, summed over replicas.
@@ -140,6 +151,7 @@ impl Window {
         Rates {
             span_s,
             requests_per_s: per_s(old.routed, new.routed),
+            by_route_per_s: std::array::from_fn(|i| per_s(old.by_route[i], new.by_route[i])),
             predicted_hit_rate: ratio(
                 new.predicted_cached_tokens.saturating_sub(old.predicted_cached_tokens),
                 new.prompt_tokens.saturating_sub(old.prompt_tokens),
@@ -160,6 +172,7 @@ mod tests {
             routed,
             prompt_tokens: tokens.0,
             predicted_cached_tokens: tokens.1,
+            by_route: [routed, 0, 0],
             replicas: reps
                 .iter()
                 .map(|&(name, events, hits)| ReplicaCounters {
@@ -187,6 +200,7 @@ mod tests {
         let r = w.rates();
         assert_eq!(r.span_s, 5.0);
         assert_eq!(r.requests_per_s, Some(10.0));
+        assert_eq!(r.by_route_per_s, [Some(10.0), Some(0.0), Some(0.0)]);
         assert_eq!(r.predicted_hit_rate, Some(0.25));
         assert_eq!(r.replicas[0].events_per_s, Some(20.0));
         assert_eq!(r.replicas[0].engine_hit_rate, Some(0.5));
