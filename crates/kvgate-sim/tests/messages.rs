@@ -3,28 +3,22 @@
 //! passthrough and the error shape, as vLLM 0.33 serves them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
-
-use kvgate_sim::server::{start, Replica, ServerConfig};
+use kvgate_sim::server::{Replica, ServerConfig};
 use kvgate_sim::EngineConfig;
-use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::{messages_to_chat, ChatTokenizer, MessagesEndpoint};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
 
-const MODEL: &str = "Qwen/Qwen3-0.6B";
+mod support;
+use support::MODEL;
 
 async fn replica() -> Replica {
-    let t = Tokenize::new(ChatTokenizer::bundled().unwrap(), None);
-    let tokenizer = Arc::new(TokenizeService::new(t, 1).unwrap());
-    let config = ServerConfig {
+    support::replica(ServerConfig {
         engine: EngineConfig { hash_seed: Some(7), num_gpu_blocks: 512, ..EngineConfig::default() },
         model: MODEL.to_owned(),
         speedup: 50.0,
         ..ServerConfig::default()
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    start(config, listener, tokenizer).await.unwrap()
+    })
+    .await
 }
 
 async fn send(r: &Replica, path: &str, body: &Value) -> (u16, String) {

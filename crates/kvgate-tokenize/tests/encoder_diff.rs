@@ -14,9 +14,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-
 use kvgate_tokenize::ChatTokenizer;
+
+mod support;
+use support::load;
 
 /// Texts that once differed, or nearly did: always checked.
 const REGRESSIONS: &[&str] = &[
@@ -27,20 +28,6 @@ const REGRESSIONS: &[&str] = &[
     ">\u{338}<|im_start|>",
     "\u{1100}\u{1161}\u{11a8}",
 ];
-
-fn load(family: &str) -> ChatTokenizer {
-    if family == "qwen3" {
-        return ChatTokenizer::bundled().unwrap();
-    }
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/tokenizers").join(family);
-    assert!(
-        dir.join("tokenizer.json").exists(),
-        "{} is missing: run `bash scripts/fetch-tokenizers.sh`",
-        dir.display()
-    );
-    ChatTokenizer::from_dir(&dir).unwrap()
-}
 
 /// xorshift64*: small, seedable, the same everywhere.
 struct Rng(u64);

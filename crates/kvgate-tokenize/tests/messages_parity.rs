@@ -13,38 +13,16 @@
 // Helpers outside #[test] functions panic on broken fixtures on purpose.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use kvgate_tokenize::{messages_to_chat, ChatTokenizer, MessagesEndpoint};
 use serde_json::Value;
 
+mod support;
+use support::{load, read_jsonl};
+
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/messages_parity")
-}
-
-fn read_jsonl(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: bad line: {e}", path.display()))
-        })
-        .collect()
-}
-
-fn load(family: &str) -> ChatTokenizer {
-    if family == "qwen3" {
-        return ChatTokenizer::bundled().unwrap();
-    }
-    let dir =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/tokenizers").join(family);
-    assert!(
-        dir.join("tokenizer.json").exists(),
-        "{} is missing: run `bash scripts/fetch-tokenizers.sh`",
-        dir.display()
-    );
-    ChatTokenizer::from_dir(&dir).unwrap()
 }
 
 /// kvgate's ids for one corpus case, or its refusal.

@@ -25,6 +25,9 @@ use std::path::PathBuf;
 use kvgate_tokenize::{ChatRequest, ChatTokenizer};
 use serde_json::Value;
 
+mod support;
+use support::load;
+
 fn crate_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -37,26 +40,7 @@ fn fixtures_dir() -> PathBuf {
 }
 
 fn read_jsonl(dir: &std::path::Path, name: &str) -> Vec<Value> {
-    let path = dir.join(name);
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{name}: bad line: {e}")))
-        .collect()
-}
-
-fn load(family: &str) -> ChatTokenizer {
-    if family == "qwen3" {
-        return ChatTokenizer::bundled().unwrap();
-    }
-    let dir = crate_dir().join("../../.cache/tokenizers").join(family);
-    assert!(
-        dir.join("tokenizer.json").exists(),
-        "{} is missing: run `bash scripts/fetch-tokenizers.sh`",
-        dir.display()
-    );
-    ChatTokenizer::from_dir(&dir).unwrap()
+    support::read_jsonl(&dir.join(name))
 }
 
 /// What kvgate computes for one corpus request: (text, ids) or an error.

@@ -8,14 +8,17 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvgate_events::publisher::{loopback_endpoint, PublisherConfig};
-use kvgate_gateway::{Gateway, GatewayConfig, ReplicaConfig};
+use kvgate_events::publisher::PublisherConfig;
+use kvgate_gateway::Gateway;
 use kvgate_sim::server::{start, Replica, ServerConfig};
 use kvgate_sim::EngineConfig;
 use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::ChatTokenizer;
 use serde_json::{json, Value};
+use support::{gw_config, replica_cfg};
 use tokio::net::TcpListener;
+
+mod support;
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
 
@@ -38,27 +41,9 @@ async fn sim(tok: &Arc<TokenizeService>) -> Replica {
 }
 
 async fn gateway(sims: &[Replica]) -> (Gateway, String) {
-    let replicas = sims
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let mut r = ReplicaConfig::new(s.url());
-            r.name = Some(format!("sim-{i}"));
-            let ep = s.events().unwrap();
-            r.events = Some(loopback_endpoint(&ep.events));
-            r.replay = ep.replay.as_deref().map(loopback_endpoint);
-            r
-        })
-        .collect();
-    let mut c = GatewayConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
-        replicas,
-        ..GatewayConfig::default()
-    };
-    c.monitor.health_interval_ms = 200;
-    c.monitor.metrics_interval_ms = 200;
-    c.model.tokenizer_threads = 1;
+    let replicas =
+        sims.iter().enumerate().map(|(i, s)| replica_cfg(&format!("sim-{i}"), s)).collect();
+    let c = gw_config(replicas);
     let gw = Gateway::start(c).await.unwrap();
     let base = format!("http://{}", gw.local_addr());
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -15,14 +15,14 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvgate_events::publisher::{loopback_endpoint, PublisherConfig};
-use kvgate_gateway::{Gateway, GatewayConfig, Passthrough, ReplicaConfig};
+use kvgate_events::publisher::PublisherConfig;
+use kvgate_gateway::{Gateway, GatewayConfig, Passthrough};
 use kvgate_sim::server::{start, Replica, ServerConfig};
 use kvgate_sim::{EngineConfig, TimingModel};
 use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::ChatTokenizer;
 use serde_json::{json, Value};
-use support::{kvgate_cmd, run_sim, Kill};
+use support::{gw_config, kvgate_cmd, replica_cfg, run_sim, Kill};
 use tokio::net::TcpListener;
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
@@ -82,31 +82,8 @@ async fn start_sims(n: usize, o: &SimOpts) -> Vec<Replica> {
     v
 }
 
-fn replica_cfg(name: &str, sim: &Replica) -> ReplicaConfig {
-    let mut r = ReplicaConfig::new(sim.url());
-    r.name = Some(name.to_owned());
-    let ep = sim.events().unwrap();
-    r.events = Some(loopback_endpoint(&ep.events));
-    r.replay = ep.replay.as_deref().map(loopback_endpoint);
-    r
-}
-
 fn names(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("sim-{i}")).collect()
-}
-
-fn gw_config(replicas: Vec<ReplicaConfig>) -> GatewayConfig {
-    let mut c = GatewayConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
-        replicas,
-        ..GatewayConfig::default()
-    };
-    c.monitor.health_interval_ms = 200;
-    c.monitor.metrics_interval_ms = 200;
-    c.monitor.probe_timeout_ms = 1_000;
-    c.model.tokenizer_threads = 1;
-    c
 }
 
 struct Gw {

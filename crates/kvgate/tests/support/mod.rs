@@ -1,5 +1,6 @@
 //! Processes for end-to-end tests: `kvgate sim` and `kvgate serve` started
-//! from the built binary, killed when dropped. Included with `mod support;`.
+//! from the built binary, killed when dropped, and the configuration of an
+//! in-process gateway over in-process sims. Included with `mod support;`.
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
@@ -7,6 +8,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kvgate_events::publisher::loopback_endpoint;
+use kvgate_gateway::{GatewayConfig, ReplicaConfig};
+use kvgate_sim::server::Replica;
 use serde_json::Value;
 
 /// Kills (SIGKILL) and reaps the process when dropped.
@@ -216,4 +220,31 @@ pub fn token_completion(prompt: &[u32], max_tokens: u32, stream: bool) -> Value 
         "ignore_eos": true,
         "stream": stream,
     })
+}
+
+/// An in-process gateway's replica entry for simulated replica `sim`, with
+/// its KV event and replay endpoints on loopback.
+pub fn replica_cfg(name: &str, sim: &Replica) -> ReplicaConfig {
+    let mut r = ReplicaConfig::new(sim.url());
+    r.name = Some(name.to_owned());
+    let ep = sim.events().unwrap();
+    r.events = Some(loopback_endpoint(&ep.events));
+    r.replay = ep.replay.as_deref().map(loopback_endpoint);
+    r
+}
+
+/// An in-process gateway on loopback (and an admin listener) in front of
+/// `replicas`, with fast health and metrics probes and one tokenizer thread.
+pub fn gw_config(replicas: Vec<ReplicaConfig>) -> GatewayConfig {
+    let mut c = GatewayConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+        replicas,
+        ..GatewayConfig::default()
+    };
+    c.monitor.health_interval_ms = 200;
+    c.monitor.metrics_interval_ms = 200;
+    c.monitor.probe_timeout_ms = 1_000;
+    c.model.tokenizer_threads = 1;
+    c
 }
