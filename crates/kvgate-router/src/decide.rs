@@ -262,6 +262,7 @@ impl Router {
                     self.remember_approx(req, c.replica);
                 }
                 RouterMetrics::inc(&self.metrics.routed);
+                RouterMetrics::inc(&self.metrics.routed_by_reason[reason.index()]);
                 let slot = c.replica.index();
                 if self.last_chosen.len() <= slot {
                     self.last_chosen.resize(slot + 1, 0);

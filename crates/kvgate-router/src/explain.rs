@@ -82,26 +82,52 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason's label, in [`Reason::index`] order (the metrics'
+    /// per-reason counters).
+    pub const LABELS: [&'static str; 16] = [
+        "lowest_cost",
+        "near_tie",
+        "softmax",
+        "only",
+        "round_robin",
+        "random",
+        "least_load",
+        "power_of_two",
+        "affinity",
+        "no_session_key",
+        "approx_match",
+        "approx_smallest_tree",
+        "approx_imbalance",
+        "all_busy_wait",
+        "all_busy_reject",
+        "no_replica",
+    ];
+
+    /// Its position in [`Reason::LABELS`].
+    pub fn index(&self) -> usize {
+        match self {
+            Reason::LowestCost => 0,
+            Reason::NearTie { .. } => 1,
+            Reason::Softmax => 2,
+            Reason::Only => 3,
+            Reason::RoundRobin => 4,
+            Reason::Random => 5,
+            Reason::LeastLoad => 6,
+            Reason::PowerOfTwo => 7,
+            Reason::Affinity => 8,
+            Reason::NoSessionKey => 9,
+            Reason::ApproxMatch { .. } => 10,
+            Reason::ApproxSmallestTree => 11,
+            Reason::ApproxImbalance => 12,
+            Reason::AllBusyWait => 13,
+            Reason::AllBusyReject => 14,
+            Reason::NoReplica => 15,
+        }
+    }
+
     /// Short snake_case label for metrics and logs.
     pub fn label(&self) -> &'static str {
-        match self {
-            Reason::LowestCost => "lowest_cost",
-            Reason::NearTie { .. } => "near_tie",
-            Reason::Softmax => "softmax",
-            Reason::Only => "only",
-            Reason::RoundRobin => "round_robin",
-            Reason::Random => "random",
-            Reason::LeastLoad => "least_load",
-            Reason::PowerOfTwo => "power_of_two",
-            Reason::Affinity => "affinity",
-            Reason::NoSessionKey => "no_session_key",
-            Reason::ApproxMatch { .. } => "approx_match",
-            Reason::ApproxSmallestTree => "approx_smallest_tree",
-            Reason::ApproxImbalance => "approx_imbalance",
-            Reason::AllBusyWait => "all_busy_wait",
-            Reason::AllBusyReject => "all_busy_reject",
-            Reason::NoReplica => "no_replica",
-        }
+        Reason::LABELS[self.index()]
     }
 }
 

@@ -37,6 +37,9 @@ pub struct RouterMetrics {
     /// hold their LoRA adapter (a load the engine does), where the slot
     /// count is known.
     pub adapter_loads: AtomicU64,
+    /// Routed requests by the reason the winner won, in
+    /// [`crate::Reason::LABELS`] order.
+    pub routed_by_reason: [AtomicU64; crate::Reason::LABELS.len()],
 }
 
 impl RouterMetrics {

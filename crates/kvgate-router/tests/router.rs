@@ -606,3 +606,45 @@ fn an_adapter_load_is_calibrated_from_ttfts() {
     r.finish(d.booking, Outcome::Finished);
     assert!(base < 0.1, "the prefill line stays fast: {base}");
 }
+
+#[test]
+fn routed_decisions_are_counted_by_their_reason() {
+    let t0 = Instant::now();
+    let k = keys(64, 12);
+    let metrics = Arc::new(RouterMetrics::default());
+    let cfg = RouterConfig { seed: Some(3), ..RouterConfig::default() };
+    let mut r = Router::new(cfg, Arc::clone(&metrics)).unwrap();
+    let mut info = ReplicaInfo::new("http://r0".to_owned(), 16);
+    info.capacity_blocks = [10_000, 0, 0];
+    r.add_replica(ReplicaId(0), info.clone()).unwrap();
+    // One replica: `only`.
+    let d = r.decide_with_matches(&req(&k), &[gpu(0)], t0).routed().unwrap();
+    assert_eq!(d.explanation.as_ref().unwrap().reason, Reason::Only);
+    r.add_replica(ReplicaId(1), ReplicaInfo { name: "http://r1".to_owned(), ..info }).unwrap();
+    // Two, one of them holding the prefix: `lowest_cost`, three times.
+    let mut reasons = Vec::new();
+    for _ in 0..3 {
+        let d = r.decide_with_matches(&req(&k), &[gpu(0), gpu(60)], t0).routed().unwrap();
+        reasons.push(d.explanation.as_ref().unwrap().reason.label());
+    }
+    let counts: Vec<(&str, u64)> = Reason::LABELS
+        .iter()
+        .zip(&metrics.routed_by_reason)
+        .map(|(l, c)| (*l, c.load(std::sync::atomic::Ordering::Relaxed)))
+        .filter(|(_, c)| *c > 0)
+        .collect();
+    let mut expected: Vec<(&str, u64)> = vec![("only", 1)];
+    for l in reasons {
+        match expected.iter_mut().find(|(e, _)| *e == l) {
+            Some((_, c)) => *c += 1,
+            None => expected.push((l, 1)),
+        }
+    }
+    expected.sort_by_key(|(l, _)| Reason::LABELS.iter().position(|x| x == l));
+    assert_eq!(counts, expected);
+    assert_eq!(metrics.routed.load(std::sync::atomic::Ordering::Relaxed), 4);
+    // Labels are distinct and each reason's index names its label.
+    let labels: std::collections::HashSet<_> = Reason::LABELS.iter().collect();
+    assert_eq!(labels.len(), Reason::LABELS.len());
+    assert_eq!(Reason::LABELS[Reason::NearTie { among: 2 }.index()], "near_tie");
+}
