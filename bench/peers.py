@@ -1436,6 +1436,9 @@ def main() -> int:
                          "first use), with workloads sized to them and the routers that run in front of them")
     ap.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
                     help="with --engines real: set KEY=VALUE in every engine's environment (repeatable; recorded)")
+    ap.add_argument("--real-replicas", type=int, default=None, metavar="N",
+                    help="with --engines real: this many engines instead of 2 (a control: 1 engine shows what one "
+                         "busy engine does on this host; engine i is pinned to core i modulo the cores; recorded)")
     ap.add_argument("--workloads", default=None,
                     help=f"comma list of {list(WORKLOADS)} (sim) or {list(REAL_WORKLOADS)} (real); default all")
     ap.add_argument("--levels", default=None, help="comma list of moderate,knee (default both; knee with --quick)")
@@ -1473,6 +1476,10 @@ def main() -> int:
         if not eq or not key or args.engines != "real":
             ap.error(f"--engine-env {kv!r}: give KEY=VALUE, with --engines real")
         ENGINE_ENV[key] = value
+    if args.real_replicas is not None:
+        if args.engines != "real" or not 1 <= args.real_replicas <= 8:
+            ap.error(f"--real-replicas {args.real_replicas}: give 1 to 8, with --engines real")
+        FLEET["replicas"] = args.real_replicas
     workloads = [w for w in (args.workloads or ",".join(WORKLOADS)).split(",") if w]
     routers = [r for r in (args.routers or ",".join(DEFAULT_ROUTERS)).split(",") if r]
     for w in workloads:
