@@ -15,7 +15,8 @@
 //!   environment (module `template`), and encodes the result with
 //!   `tokenizers`.
 //! - [`messages_to_chat`] turns an Anthropic Messages request into the
-//!   chat request vLLM renders for it.
+//!   chat request vLLM renders for it, and [`responses_to_chat`] an OpenAI
+//!   Responses request.
 //! - [`prefix_cache`] re-uses the tokens of earlier conversation prefixes,
 //!   and [`pool`] runs tokenization off the async runtime.
 //!
@@ -48,6 +49,7 @@ pub mod pool;
 pub mod prefix_cache;
 mod preprocess;
 mod request;
+mod responses;
 pub mod service;
 mod template;
 mod validate;
@@ -58,4 +60,5 @@ pub use encoder::{EncoderChoice, EncoderPath};
 pub use error::{Result, TokenizeError};
 pub use model_dir::{ChatTemplates, ModelDir};
 pub use request::{ChatRequest, Endpoint};
+pub use responses::responses_to_chat;
 pub use template::ContentFormat;

@@ -19,7 +19,7 @@ use kvgate_tokenize::{messages_to_chat, ChatTokenizer, MessagesEndpoint};
 use serde_json::Value;
 
 mod support;
-use support::{load, read_jsonl};
+use support::{load, mismatch, read_jsonl};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/messages_parity")
@@ -53,30 +53,7 @@ fn messages_parity_with_vllm_for_every_case_and_family() {
                 failures.push(format!("[{family}] {id}: no expected line"));
                 continue;
             };
-            let problem = match (want.get("error"), compute(&tokenizer, case)) {
-                (Some(_), Err(_)) => None,
-                (Some(err), Ok(ids)) => {
-                    Some(format!("vLLM refuses it ({err}) but kvgate gave {} ids", ids.len()))
-                }
-                (None, Err(e)) => Some(format!("kvgate refused: {e}")),
-                (None, Ok(ids)) => {
-                    let want: Vec<u32> = want["ids"]
-                        .as_array()
-                        .map(|a| a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect())
-                        .unwrap_or_default();
-                    (ids != want).then(|| {
-                        let at = ids.iter().zip(&want).position(|(a, b)| a != b);
-                        let at = at.unwrap_or(ids.len().min(want.len()));
-                        format!(
-                            "ids differ at token {at} (len {} vs {}): kvgate {:?} / vLLM {:?}",
-                            ids.len(),
-                            want.len(),
-                            ids.get(at),
-                            want.get(at)
-                        )
-                    })
-                }
-            };
+            let problem = mismatch(want, compute(&tokenizer, case));
             match problem {
                 None => passed += 1,
                 Some(p) => failures.push(format!("[{family}] {id}: {p}")),

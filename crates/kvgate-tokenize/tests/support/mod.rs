@@ -1,5 +1,5 @@
-//! What the tokenizer's test binaries share: loading a tokenizer family and
-//! reading JSONL fixtures. Helpers panic with the path on broken fixtures.
+//! What the tokenizer's test binaries share: loading a tokenizer family,
+//! reading JSONL fixtures and comparing ids with vLLM's. Helpers panic with the path on broken fixtures.
 #![allow(clippy::unwrap_used, dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -33,4 +33,34 @@ pub(crate) fn read_jsonl(path: &Path) -> Vec<Value> {
             serde_json::from_str(l).unwrap_or_else(|e| panic!("{}: bad line: {e}", path.display()))
         })
         .collect()
+}
+
+/// What is wrong with kvgate's answer `got` for a parity case whose vLLM
+/// answer is `want` (`{"ids": [...]}` or `{"error": ...}`), if anything:
+/// both must refuse, or both give the same ids.
+pub(crate) fn mismatch(want: &Value, got: Result<Vec<u32>, String>) -> Option<String> {
+    match (want.get("error"), got) {
+        (Some(_), Err(_)) => None,
+        (Some(err), Ok(ids)) => {
+            Some(format!("vLLM refuses it ({err}) but kvgate gave {} ids", ids.len()))
+        }
+        (None, Err(e)) => Some(format!("kvgate refused: {e}")),
+        (None, Ok(ids)) => {
+            let want: Vec<u32> = want["ids"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_u64).map(|v| v as u32).collect())
+                .unwrap_or_default();
+            (ids != want).then(|| {
+                let at = ids.iter().zip(&want).position(|(a, b)| a != b);
+                let at = at.unwrap_or(ids.len().min(want.len()));
+                format!(
+                    "ids differ at token {at} (len {} vs {}): kvgate {:?} / vLLM {:?}",
+                    ids.len(),
+                    want.len(),
+                    ids.get(at),
+                    want.get(at)
+                )
+            })
+        }
+    }
 }
