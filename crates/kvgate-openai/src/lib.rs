@@ -28,6 +28,7 @@ pub mod error;
 pub mod message;
 pub mod models;
 pub mod response;
+pub mod responses;
 pub mod sse;
 pub mod stream;
 pub mod tokenize;

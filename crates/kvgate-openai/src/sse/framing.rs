@@ -17,20 +17,25 @@
 //! One difference: the parser drops an event bigger than its size bound,
 //! while this scanner keeps no bound, as it keeps no bytes.
 //!
-//! Anthropic's Messages streams have no `[DONE]`: they end with an event
-//! named `message_stop` (or `error`), which [`SseFraming::named_end`]
+//! Anthropic's Messages streams and OpenAI's Responses streams have no
+//! `[DONE]`: they end with a named event (`message_stop`,
+//! `response.completed`, ... or `error`), which [`SseFraming::named_end`]
 //! reports.
 
 use super::lines::{Lines, Piece};
 use super::DONE_DATA;
 
 /// The longest line prefix that decides anything: `data: [DONE]` is 12
-/// bytes and `event: message_stop` 19; one more tells a line that only
-/// starts with it.
-const PREFIX: usize = 20;
+/// bytes and `event: response.incomplete` 26; one more tells a line that
+/// only starts with it.
+const PREFIX: usize = 27;
 
-/// The event names that end an Anthropic Messages stream.
-const END_NAMES: [&[u8]; 2] = [b"message_stop", b"error"];
+/// The event names that end a stream of named events: an Anthropic
+/// Messages stream (`message_stop`), an OpenAI Responses stream
+/// (`response.completed`, `.incomplete`, `.failed`), or either with an
+/// `error`. Neither API sends the other's names, so one set serves both.
+const END_NAMES: [&[u8]; 5] =
+    [b"message_stop", b"error", b"response.completed", b"response.incomplete", b"response.failed"];
 
 /// What the `data` lines of the event in progress add up to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -94,8 +99,10 @@ impl SseFraming {
         self.done
     }
 
-    /// Whether an event named `message_stop` or `error` has been
-    /// dispatched: the end of an Anthropic Messages stream.
+    /// Whether an event named as a stream's end has been dispatched
+    /// (`message_stop`, `response.completed`, `response.incomplete`,
+    /// `response.failed` or `error`): the end of an Anthropic Messages or
+    /// OpenAI Responses stream.
     pub fn named_end(&self) -> bool {
         self.named_end
     }
@@ -233,6 +240,12 @@ mod tests {
         assert!(!scan(&[b"event: message_stop\n\n"]).named_end(), "no data: not dispatched");
         assert!(!scan(&[b"event: message_delta\ndata: {}\n\n"]).named_end());
         assert!(!scan(&[b"event: message_stop\nevent: x\ndata: {}\n\n"]).named_end());
+        for end in ["response.completed", "response.incomplete", "response.failed"] {
+            let s = format!("event: response.created\ndata: {{}}\n\nevent: {end}\ndata: {{}}\n\n");
+            assert!(scan(&[s.as_bytes()]).named_end(), "{end}");
+        }
+        assert!(!scan(&[b"event: response.completed.x\ndata: {}\n\n"]).named_end());
+        assert!(!scan(&[b"event: response.output_text.delta\ndata: {}\n\n"]).named_end());
     }
 
     #[test]

@@ -312,6 +312,20 @@ impl Sampling {
     }
 }
 
+/// A JSON body's whole sampling: [`sampling`], keyed by its model, salt and
+/// rank header, with its KV-transfer role (`/v1/messages`, `/v1/responses`).
+pub(super) fn body_sampling(
+    state: &AppState,
+    headers: &HeaderMap,
+    request: &Map<String, Value>,
+    max: Option<u64>,
+) -> Result<Sampling, ApiError> {
+    let model = request.get("model").and_then(Value::as_str);
+    sampling(state, request, max)
+        .keyed(state, headers, model, request.get("cache_salt"))
+        .with_kv(state, request.get("kv_transfer_params").cloned())
+}
+
 pub(super) fn sampling(state: &AppState, extra: &Map<String, Value>, max: Option<u64>) -> Sampling {
     let max_tokens =
         max.map_or(state.config.default_max_tokens, |m| m.min(u64::from(u32::MAX)) as u32);

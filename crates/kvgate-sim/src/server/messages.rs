@@ -19,7 +19,7 @@ use kvgate_tokenize::{messages_to_chat, MessagesEndpoint};
 use serde_json::{json, Map, Value};
 
 use crate::server::http::{
-    bad, check_model, generate, parse_json, sampling, unix_now, ApiError, Kind, Shared,
+    bad, body_sampling, check_model, generate, parse_json, unix_now, ApiError, Kind, Shared,
 };
 
 /// Largest error body re-shaped (the sim's own are a few hundred bytes).
@@ -60,9 +60,7 @@ async fn create(state: Shared, headers: HeaderMap, body: Bytes) -> Response {
         }
     };
     let max = request.get("max_tokens").and_then(Value::as_u64);
-    let s =
-        sampling(&state, &request, max).keyed(&state, &headers, model, request.get("cache_salt"));
-    let s = match s.with_kv(&state, request.get("kv_transfer_params").cloned()) {
+    let s = match body_sampling(&state, &headers, &request, max) {
         Ok(s) => s,
         Err(e) => return e.into_response(),
     };

@@ -12,6 +12,7 @@ mod lora;
 mod messages;
 pub mod metrics;
 mod render;
+mod responses;
 mod routes;
 
 use std::net::SocketAddr;
@@ -195,6 +196,8 @@ pub(crate) struct AppState {
     pub(crate) kv_received: kv_transfer::Received,
     /// Prefill hops' parameters as answered (`/debug/kv_transfers`).
     pub(crate) kv_answered: kv_transfer::Received,
+    /// The Responses API's store (`/v1/responses`), as vLLM's in-process one.
+    pub(crate) responses: responses::Store,
 }
 
 impl AppState {
@@ -368,6 +371,7 @@ pub async fn start(
         http_addr,
         kv_received: kv_transfer::Received::default(),
         kv_answered: kv_transfer::Received::default(),
+        responses: responses::Store::default(),
     });
     let app = routes::router(state);
     let (shutdown, mut shutdown_rx) = watch::channel(false);

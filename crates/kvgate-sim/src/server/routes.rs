@@ -1,6 +1,7 @@
 //! The replica's HTTP surface: every route, mounted in one place, behind
 //! vLLM's `--api-key` check. Handlers live in `http.rs` (generation, models,
-//! metrics, tokenize), `messages.rs` (Anthropic's Messages API) and
+//! metrics, tokenize), `messages.rs` (Anthropic's Messages API), `responses.rs`
+//! (OpenAI's Responses API and its store) and
 //! `render.rs` (render and version); this module is
 //! the only one that names both. The runtime LoRA routes (`lora.rs`) are
 //! mounted only when allowed.
@@ -16,7 +17,7 @@ use axum::{Json, Router};
 use serde_json::json;
 
 use crate::server::http::{self, Shared};
-use crate::server::{lora, messages, render};
+use crate::server::{lora, messages, render, responses};
 
 pub(crate) fn router(state: Shared) -> Router {
     let mut router = Router::new();
@@ -38,6 +39,9 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/v1/completions", post(http::completions))
         .route("/v1/messages", post(messages::messages))
         .route("/v1/messages/count_tokens", post(messages::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/inference/v1/generate", post(http::generate_tokens))
         .route("/v1/chat/completions/render", post(render::chat))
         .route("/v1/completions/render", post(render::completions))
