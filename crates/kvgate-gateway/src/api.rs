@@ -73,6 +73,17 @@ pub(crate) async fn messages(
     generate(s, Route::Messages, a, headers, body).await
 }
 
+/// OpenAI's Responses API, routed like chat, or to the replica holding
+/// the response it continues (`prepare::responses`).
+pub(crate) async fn responses(
+    State(s): S,
+    a: Admitted,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    generate(s, Route::Responses, a, headers, body).await
+}
+
 /// `POST /v1/messages/count_tokens`: answered from kvgate's own renderer
 /// and tokenizer, as `/tokenize` is, in vLLM's shape.
 pub(crate) async fn count_tokens(State(s): S, body: Bytes) -> Response {
@@ -101,6 +112,7 @@ async fn generate(
         Route::Chat => prepare::chat(&s.preparer, body).await,
         Route::Completions => prepare::completions(&s.preparer, body).await,
         Route::Messages => prepare::messages(&s.preparer, body, unix_now()).await,
+        Route::Responses => prepare::responses(&s.preparer, body).await,
     };
     match prepared {
         Ok(p) => {

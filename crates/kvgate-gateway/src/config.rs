@@ -32,6 +32,13 @@ pub struct AuthConfig {
     pub admin_key: Option<String>,
     /// Serve a non-loopback address without client keys (logs a warning).
     pub allow_unauthenticated: bool,
+    /// The key that authenticates the Responses API ids kvgate hands out,
+    /// which name the replica holding each response (`docs/agents.md`).
+    /// Every instance of a fleet needs the same one; unset, each instance
+    /// draws its own, and a conversation continues only on the instance
+    /// that started it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub affinity_key: Option<String>,
 }
 
 /// Sizes and timeouts.

@@ -68,6 +68,19 @@ pub(crate) trait EngineClient: Send + Sync + Debug {
     /// POSTs `req`; resolves when the response head has arrived.
     fn post(&self, req: EngineRequest) -> BoxFuture<'static, Result<EngineResponse, SendError>>;
 
+    /// Sends a bodiless `method` request to `url` (a stored response's
+    /// GET or cancel, `stored_responses.rs`) and resolves with the head,
+    /// whatever its status. Clients that cannot say so.
+    fn bodiless(
+        &self,
+        method: Method,
+        url: Uri,
+        bearer: Option<String>,
+    ) -> BoxFuture<'static, Result<EngineResponse, SendError>> {
+        let _ = (method, url, bearer);
+        Box::pin(std::future::ready(Err(SendError::Failed("not supported by this client".into()))))
+    }
+
     /// GETs `url` within `timeout`; the body of a 2xx answer as text, a
     /// [`SendError::Failed`] naming the status otherwise.
     fn get(
@@ -168,10 +181,15 @@ fn with_causes(e: &dyn std::error::Error) -> String {
     text
 }
 
-impl EngineClient for HttpEngines {
-    fn post(&self, req: EngineRequest) -> BoxFuture<'static, Result<EngineResponse, SendError>> {
+impl HttpEngines {
+    /// One request to an engine through the pooled client.
+    fn send(
+        &self,
+        method: Method,
+        req: EngineRequest,
+    ) -> BoxFuture<'static, Result<EngineResponse, SendError>> {
         let mut http = Request::new(Full::new(req.body));
-        *http.method_mut() = Method::POST;
+        *http.method_mut() = method;
         *http.uri_mut() = req.url;
         let headers = http.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -199,6 +217,22 @@ impl EngineClient for HttpEngines {
                 body: BodyDataStream::new(body).map_err(|e| with_causes(&e)).boxed(),
             })
         })
+    }
+}
+
+impl EngineClient for HttpEngines {
+    fn bodiless(
+        &self,
+        method: Method,
+        url: Uri,
+        bearer: Option<String>,
+    ) -> BoxFuture<'static, Result<EngineResponse, SendError>> {
+        let req = EngineRequest { url, body: Bytes::new(), headers: Vec::new(), bearer };
+        self.send(method, req)
+    }
+
+    fn post(&self, req: EngineRequest) -> BoxFuture<'static, Result<EngineResponse, SendError>> {
+        self.send(Method::POST, req)
     }
 
     fn get(

@@ -163,6 +163,20 @@ impl Fleet {
         self.replicas.get(&id).map(|t| t.model_pool)
     }
 
+    /// Whether `id` can take a request that only it can serve (a
+    /// conversation whose state it holds), and its pool.
+    pub(crate) fn reachable(&self, id: ReplicaId) -> Reachable {
+        let Some(t) = self.replicas.get(&id) else { return Reachable::Gone };
+        let (pool, s) = (t.model_pool, &t.status);
+        if s.draining {
+            Reachable::Draining(pool)
+        } else if !s.probe_ok {
+            Reachable::Down(pool, s.last_error.clone().unwrap_or_else(|| "not seen yet".into()))
+        } else {
+            Reachable::Up(pool)
+        }
+    }
+
     /// The router that made `booking`.
     fn booking_router(&mut self, booking: &Booking) -> Option<&mut Router> {
         self.routers.get_mut(pool_of_booking(booking.id()))
@@ -694,6 +708,19 @@ fn pick_target(
         .filter(|c| c.1 == Health::Healthy)
         .min_by_key(|c| (c.2, c.3, c.0))
         .map(|c| c.0)
+}
+
+/// What [`Fleet::reachable`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Reachable {
+    /// In rotation, in this pool.
+    Up(PoolId),
+    /// Being drained: it takes no new requests and will go away.
+    Draining(PoolId),
+    /// Out of rotation (failed probes or requests), with the last error.
+    Down(PoolId, String),
+    /// Not (or no longer) in the fleet.
+    Gone,
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use kvgate_index::ReplicaId;
 use kvgate_router::{Booking, Decision, Outcome, RouteRequest};
 
-use crate::fleet::{Fleet, PoolId};
+use crate::fleet::{Fleet, PoolId, Reachable};
 use crate::locks::lock;
 use crate::replica_status::Failure;
 
@@ -90,5 +90,11 @@ impl FleetHandle {
     /// A request or probe to `id` failed ([`Fleet::failed`]).
     pub(crate) fn failed(&self, id: ReplicaId, error: String, failure: Failure, now: Instant) {
         self.with(|f| f.failed(id, error, failure, now));
+    }
+
+    /// Whether `id` can take a request that only it can serve
+    /// ([`Fleet::reachable`]).
+    pub(crate) fn reachable(&self, id: ReplicaId) -> Reachable {
+        self.with(|f| f.reachable(id))
     }
 }

@@ -14,6 +14,7 @@ use kvgate_openai::ErrorResponse;
 use kvgate_router::{Outcome, Routed};
 
 use crate::booking::HeldBooking;
+use crate::conversation;
 use crate::engine_client::EngineResponse;
 pub(crate) use crate::forwarder::Forwarder;
 use crate::forwarder::{read_capped, send, MAX_WHOLE_RESPONSE};
@@ -25,6 +26,7 @@ use crate::replica::Replica;
 use crate::replica_status::Failure;
 use crate::request_error::{Reason, RequestError};
 use crate::response::answer;
+use crate::route::Route;
 use crate::shed::InflightPermit;
 
 /// Routes and forwards `p`; `permit` bounds concurrency for the whole life
@@ -38,21 +40,30 @@ pub(crate) async fn forward(
 ) -> Response {
     let route = Some(p.route);
     let fwd_headers = crate::auth::forwarded(client_headers);
-    let exclude = match fwd.placer.not_serving(&p).await {
+    let mut exclude = match fwd.placer.not_serving(&p).await {
         Ok(x) => x,
         Err(e) => return answer(&fwd.metrics, route, "", &e),
     };
+    // A continued Responses conversation goes to the replica holding it,
+    // or nowhere: every other replica is excluded.
+    if let Some(c) = &p.continues {
+        let what = format!("previous_response_id '{}'", c.client_id);
+        match conversation::owner(&fwd.replicas, &fwd.fleet, &c.owner, Some(p.pool), &what) {
+            Ok(owner) => exclude.extend(conversation::all_but(&fwd.replicas, owner.id)),
+            Err(e) => return answer(&fwd.metrics, route, &c.owner, &e),
+        }
+    }
     let mut attempts = Attempts::new(&fwd.placer, p.pool, exclude);
     let max_retries = fwd.limits.max_retries;
     // A disaggregated pool plans first: split (both hops run here), or
     // whole on the decode replica it chose, or whole wherever placement
     // decides below.
     let mut planned = None;
-    if p.disaggregated {
+    if p.disaggregated && p.continues.is_none() {
         match pd_forward::split(fwd, &p, &fwd_headers, &mut attempts).await {
             Split::Decoded { replica, routed, booking, resp } => {
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                fwd.metrics.prompt_tokens(p.prompt_tokens, 0);
+                fwd.placer.count_prompt(&p, 0);
                 record_decision(&replica, &routed);
                 return respond(fwd, &p, replica, routed, booking, resp, permit, t0).await;
             }
@@ -81,7 +92,7 @@ pub(crate) async fn forward(
             Ok(resp) => {
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let cached = u64::from(routed.cached_blocks) * u64::from(fwd.block_size);
-                fwd.metrics.prompt_tokens(p.prompt_tokens, cached.min(p.prompt_tokens));
+                fwd.placer.count_prompt(&p, cached);
                 record_decision(&replica, &routed);
                 return respond(fwd, &p, replica, routed, booking, resp, permit, t0).await;
             }
@@ -92,7 +103,11 @@ pub(crate) async fn forward(
                 fwd.fleet.failed(replica.id, message.clone(), Failure::Error, Instant::now());
                 fwd.metrics.count(err.reason);
                 attempts.exclude.push(replica.id);
-                if !err.reason.retryable() || attempts.tried() > max_retries as usize {
+                // A pinned request has no other replica to try.
+                if !err.reason.retryable()
+                    || attempts.tried() > max_retries as usize
+                    || p.continues.is_some()
+                {
                     return answer(&fwd.metrics, route, &replica.name, &err);
                 }
                 attempts.last_error = Some(err);
@@ -155,6 +170,7 @@ async fn respond(
             idle: fwd.limits.stream_idle,
             route: label,
             api: p.route.api(),
+            rewriter: rewriter(fwd, p, &replica),
         };
         let relay = Relay::new(ctx, replica, booking, resp.body, permit, t0);
         let mut r = Response::new(Body::from_stream(relay.into_stream()));
@@ -178,6 +194,10 @@ async fn respond(
     drop(permit);
     match body {
         Ok(bytes) => {
+            let bytes = match rewriter(fwd, p, &replica) {
+                Some(mut w) => w.body(&bytes),
+                None => bytes,
+            };
             let outcome = if status.is_success() { Outcome::Finished } else { Outcome::Error };
             booking.finish(outcome);
             fwd.metrics.request(label, status.as_u16(), &replica.name);
@@ -207,6 +227,15 @@ async fn respond(
             r
         }
     }
+}
+
+/// The response-id rewriter of a Responses API answer from `replica`
+/// (`affinity.rs`); other routes' answers pass unchanged.
+fn rewriter(fwd: &Forwarder, p: &Prepared, replica: &Replica) -> Option<crate::affinity::Rewriter> {
+    (p.route == Route::Responses).then(|| {
+        let previous = p.continues.as_ref().map(|c| (c.engine_id.clone(), c.client_id.clone()));
+        conversation::rewriter(&fwd.affinity, replica, previous)
+    })
 }
 
 #[cfg(test)]

@@ -40,6 +40,8 @@ pub(crate) struct Forwarder {
     pub(crate) block_size: u32,
     /// `replica_header`: name the replica in `x-kvgate-replica`.
     pub(crate) replica_header: bool,
+    /// Issues the response ids Responses API answers carry (`affinity.rs`).
+    pub(crate) affinity: crate::affinity::AffinityKey,
 }
 
 /// Sends the request; `Err` when another replica should be tried.

@@ -152,7 +152,7 @@ pub(crate) struct Metrics {
     /// The last TTFTs with their times, for the dashboard's percentiles.
     recent_ttft: RecentTtft,
     /// `kvgate_requests_total` summed per route, for the dashboard.
-    by_route: [std::sync::atomic::AtomicU64; 3],
+    by_route: [std::sync::atomic::AtomicU64; Route::COUNT],
 }
 
 impl Default for Metrics {
@@ -326,7 +326,7 @@ impl Metrics {
 
     /// Requests answered per generation route (`Route::ALL` order) since
     /// start: the dashboard's requests/s by API.
-    pub(crate) fn requests_by_route(&self) -> [u64; 3] {
+    pub(crate) fn requests_by_route(&self) -> [u64; Route::COUNT] {
         self.by_route.each_ref().map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
     }
 
@@ -384,8 +384,9 @@ impl Metrics {
         self.predicted_cached_tokens.inc_by(predicted_cached);
     }
 
-    /// A request kvgate cannot key: `"unrendered_content"` or
-    /// `"prompt_embeds"`.
+    /// A request kvgate cannot key: `"unrendered_content"`,
+    /// `"prompt_embeds"`, or `"previous_response"` (a Responses API turn
+    /// whose history only its replica holds).
     pub(crate) fn unmatched(&self, reason: &'static str) {
         self.unmatched.get_or_create(&ReasonLabels { reason }).inc();
     }

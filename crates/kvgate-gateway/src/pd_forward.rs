@@ -238,7 +238,7 @@ pub(crate) fn decode_body(p: &Prepared, replica: &Replica, params: Map<String, V
     let Ok(mut v) = serde_json::from_slice::<Value>(&base) else { return base };
     let Some(o) = v.as_object_mut() else { return base };
     let ids = match p.route {
-        Route::Chat | Route::Messages => {
+        Route::Chat | Route::Messages | Route::Responses => {
             o.get("kv_transfer_params").and_then(|k| k.get("prompt_token_ids")).cloned()
         }
         _ => None,

@@ -8,11 +8,16 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use kvgate_index::{request_block_keys, BlockKey, ReplicaId};
-use kvgate_openai::{anthropic, ChatCompletionRequest, CompletionRequest, ErrorResponse, Prompt};
+use kvgate_openai::{
+    anthropic, responses, ChatCompletionRequest, CompletionRequest, ErrorResponse, Prompt,
+};
 use kvgate_router::RouteRequest;
-use kvgate_tokenize::{messages_to_chat, ChatRequest, Endpoint, MessagesEndpoint, TokenizeError};
+use kvgate_tokenize::{
+    messages_to_chat, responses_to_chat, ChatRequest, Endpoint, MessagesEndpoint, TokenizeError,
+};
 use serde_json::{Map, Value};
 
+use crate::affinity::{AffinityKey, IdError};
 use crate::config::Passthrough;
 use crate::fleet::PoolId;
 use crate::fleet_handle::FleetHandle;
@@ -31,6 +36,8 @@ pub(crate) struct Preparer {
     pub(crate) block_size: u32,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) fleet: Arc<FleetHandle>,
+    /// Verifies the response ids Responses API clients send back.
+    pub(crate) affinity: AffinityKey,
 }
 
 /// Bodies (or prompts) up to this size are tokenized on the request's own
@@ -60,6 +67,22 @@ pub(crate) struct Prepared {
     /// The body carrying the prompt tokens (chat and Messages:
     /// `kv_transfer_params`).
     pub(crate) with_tokens: Option<Bytes>,
+    /// A Responses API request that continues a stored response: it must
+    /// go to the replica holding it.
+    pub(crate) continues: Option<Continuation>,
+}
+
+/// The stored response a Responses request continues (its
+/// `previous_response_id`), as its id told: which replica holds it and
+/// under which id.
+#[derive(Clone, Debug)]
+pub(crate) struct Continuation {
+    /// The owner's name.
+    pub(crate) owner: String,
+    /// The id the engine knows it by.
+    pub(crate) engine_id: String,
+    /// The id the client sent.
+    pub(crate) client_id: String,
 }
 
 impl Prepared {
@@ -87,7 +110,7 @@ impl Prepared {
     pub(crate) fn body_for(&self, mode: Passthrough) -> Bytes {
         let use_tokens = match (self.route, mode) {
             (_, Passthrough::None) => false,
-            (Route::Chat | Route::Messages, Passthrough::TokenPrompt) => false,
+            (Route::Chat | Route::Messages | Route::Responses, Passthrough::TokenPrompt) => false,
             (_, _) => true,
         };
         match (&self.with_tokens, use_tokens) {
@@ -407,6 +430,100 @@ fn refusal(e: &TokenizeError) -> Reject {
     }
 }
 
+/// OpenAI Responses (`/v1/responses`). A new conversation is converted to
+/// the chat request vLLM renders for it (`kvgate_tokenize::
+/// responses_to_chat`), tokenized like chat and forwarded with
+/// `kv_transfer_params.prompt_token_ids` (vLLM's Responses renderer takes
+/// them as its chat renderer does). A continued one (`previous_response_id`)
+/// names its owner in the id (`affinity.rs`): the id is verified, the
+/// engine's own id put in its place, and the request goes to that replica
+/// with the body as sent otherwise; its history lives only in that engine,
+/// so kvgate cannot render it and does not try.
+pub(crate) async fn responses(prep: &Preparer, body: Bytes) -> Result<Prepared, Reject> {
+    let mut req: Map<String, Value> = match serde_json::from_slice(&body) {
+        Ok(Value::Object(o)) => o,
+        Ok(_) => return Err(bad("the body must be a JSON object")),
+        Err(e) => return Err(bad(format!("invalid JSON body: {e}"))),
+    };
+    let model = check_model(prep, req.get("model").and_then(Value::as_str))?;
+    let rewrite = model.rewrite.map(str::to_owned);
+    let identity = CacheIdentity::new(model, cache_salt(&req)?);
+    let max_out = max_output(req.get("max_output_tokens").and_then(Value::as_u64));
+    let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let session = req.get("user").and_then(Value::as_str).map(str::to_owned);
+    let continues = match req.get("previous_response_id") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(id)) => Some(continuation(&prep.affinity, id)?),
+        Some(_) => {
+            let e = invalid("`previous_response_id` must be a string");
+            return Err(Box::new(e.with_param("previous_response_id")));
+        }
+    };
+    if let Some(c) = &continues {
+        // The engine's own id, and the served name for an alias; the rest
+        // as the client sent it.
+        req.insert("previous_response_id".into(), Value::String(c.engine_id.clone()));
+        if let Some(served) = &rewrite {
+            req.insert("model".into(), Value::String(served.clone()));
+        }
+        let body = Bytes::from(serde_json::to_vec(&req).map_err(|e| bad(e.to_string()))?);
+        prep.metrics.unmatched("previous_response");
+        let mut p =
+            finish(prep, Route::Responses, &identity, None, max_out, stream, session, body, None);
+        p.continues = continues;
+        return Ok(p);
+    }
+    let body = aliased(body, rewrite.as_deref(), |served| {
+        req.insert("model".into(), Value::String(served.to_owned()));
+        serde_json::to_vec(&req).map_err(|e| e.to_string())
+    })?;
+    let client_ids = responses::prompt_token_ids(&req);
+    let passed_by_client = client_ids.is_some();
+    let tokens = match client_ids {
+        Some(ids) => ids,
+        None => {
+            let chat = responses_to_chat(&req).map_err(|e| refusal(&e))?;
+            encode_chat(prep, identity.pool, chat, body.len()).await.map_err(|e| refusal(&e))?
+        }
+    };
+    check_length(identity.pool, tokens.len(), max_out)?;
+    let with_tokens = if passed_by_client {
+        None
+    } else {
+        let b = responses::body_with_prompt_token_ids(&body, &req, &tokens);
+        Some(Bytes::from(b.map_err(|e| bad(e.to_string()))?))
+    };
+    Ok(finish(
+        prep,
+        Route::Responses,
+        &identity,
+        Some(tokens),
+        max_out,
+        stream,
+        session,
+        body,
+        with_tokens,
+    ))
+}
+
+/// The stored response `id` names, verified: an id kvgate did not issue,
+/// or one whose tag does not verify, names nothing this fleet holds.
+fn continuation(key: &AffinityKey, id: &str) -> Result<Continuation, Reject> {
+    match key.resolve(id) {
+        Ok(owned) => Ok(Continuation {
+            owner: owned.owner,
+            engine_id: owned.engine_id,
+            client_id: id.to_owned(),
+        }),
+        Err(why @ (IdError::Foreign | IdError::Forged)) => {
+            let e = invalid(format!(
+                "previous_response_id '{id}' names no response this kvgate fleet holds: {why}"
+            ));
+            Err(Box::new(e.with_param("previous_response_id")))
+        }
+    }
+}
+
 /// Completions: text prompts are tokenized as vLLM does (special tokens per
 /// `add_special_tokens`); token prompts are taken as they are.
 pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared, Reject> {
@@ -534,6 +651,7 @@ fn finish(
         adapter: identity.lora.clone(),
         original,
         with_tokens,
+        continues: None,
     }
 }
 

@@ -11,7 +11,11 @@
 //! (`Api::Anthropic`) has no `[DONE]`: its first token is its first
 //! `content_block_delta`, it ends with `message_stop` (or the engine's own
 //! `error` event), and a broken one gets an `error` event in Anthropic's
-//! shape. When the client goes away, the
+//! shape. A Responses stream (`Api::Responses`) ends with
+//! `response.completed` (or `.incomplete`, `.failed`, `error`), its first
+//! `*.delta` event is its first token, a broken one gets an OpenAI
+//! Responses `error` event, and its response ids are rewritten on the way
+//! (`affinity::Rewriter`; only those streams are copied). When the client goes away, the
 //! relay is dropped: the booking is released as cancelled and the upstream
 //! connection closes, which makes vLLM abort the request.
 
@@ -25,10 +29,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::stream::{Stream, StreamExt};
 use kvgate_openai::sse::{write_done, write_error};
-use kvgate_openai::{anthropic, ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
+use kvgate_openai::{
+    anthropic, responses, ErrorResponse, SseFraming, SseItem, SseParser, StreamTap,
+};
 use kvgate_router::Outcome;
 use tokio::time::Sleep;
 
+use crate::affinity::Rewriter;
 use crate::booking::HeldBooking;
 use crate::engine_client::BodyStream;
 use crate::fleet_handle::FleetHandle;
@@ -54,6 +61,8 @@ pub(crate) struct RelayContext {
     pub(crate) route: &'static str,
     /// The route's API: how its first token and its end look.
     pub(crate) api: Api,
+    /// Rewrites response ids in the stream (Responses API only).
+    pub(crate) rewriter: Option<Rewriter>,
 }
 
 pub(crate) struct Relay {
@@ -72,6 +81,7 @@ pub(crate) struct Relay {
     idle: Duration,
     first_seen: bool,
     done: bool,
+    rewriter: Option<Rewriter>,
     _permit: InflightPermit,
 }
 
@@ -93,7 +103,7 @@ impl Relay {
         permit: InflightPermit,
         t0: Instant,
     ) -> Relay {
-        let RelayContext { metrics, fleet, idle, route, api } = ctx;
+        let RelayContext { metrics, fleet, idle, route, api, rewriter } = ctx;
         Relay {
             metrics,
             fleet,
@@ -110,6 +120,7 @@ impl Relay {
             idle,
             first_seen: false,
             done: false,
+            rewriter,
             _permit: permit,
         }
     }
@@ -153,7 +164,16 @@ impl Relay {
     fn ended(&self) -> bool {
         match self.api {
             Api::OpenAi => self.framing.is_done(),
-            Api::Anthropic => self.framing.named_end(),
+            Api::Anthropic | Api::Responses => self.framing.named_end(),
+        }
+    }
+
+    /// What goes to the client for `chunk`: the engine's bytes, or with a
+    /// rewriter, its complete lines rewritten.
+    fn outgoing(&mut self, chunk: Bytes) -> Bytes {
+        match self.rewriter.as_mut() {
+            Some(w) => w.chunk(&chunk),
+            None => chunk,
         }
     }
 
@@ -172,6 +192,7 @@ impl Relay {
             match self.api {
                 Api::OpenAi => output |= self.tap.observe(item).first_output,
                 Api::Anthropic => output |= anthropic::is_output_event(item),
+                Api::Responses => output |= responses::is_output_event(item),
             }
         }
         if !self.first_seen && (output || self.tap.has_output()) {
@@ -191,7 +212,9 @@ impl Relay {
             b.finish(outcome);
         }
         self.metrics.e2e(self.route, self.t0.elapsed().as_secs_f64());
-        let Some(RequestError { reason, body: e, .. }) = error else { return Bytes::new() };
+        // A line the rewriter still holds goes out before anything else.
+        let held = self.rewriter.as_mut().map(Rewriter::flush).unwrap_or_default();
+        let Some(RequestError { reason, body: e, .. }) = error else { return held };
         self.metrics.count(reason);
         // A stalled or broken engine stream counts against the replica like
         // a failed request: enough in a row take it out of rotation.
@@ -199,7 +222,7 @@ impl Relay {
         self.fleet.failed(self.replica.id, error, Failure::Error, Instant::now());
         let reason = reason.label();
         tracing::warn!(replica = %self.replica.name, reason, error = %e.error.message, "stream ended with an error");
-        let mut out = Vec::new();
+        let mut out = held.to_vec();
         // Terminate a partial event first, so the error parses on its own.
         if self.framing.mid_event() {
             out.extend_from_slice(b"\n\n");
@@ -210,6 +233,7 @@ impl Relay {
                 write_done(&mut out);
             }
             Api::Anthropic => anthropic::write_error_event(&mut out, &e),
+            Api::Responses => responses::write_error_event(&mut out, &e, self.framing.events()),
         }
         Bytes::from(out)
     }
@@ -291,7 +315,10 @@ impl Stream for RelayStream {
             let why = match s.relay.upstream.poll_next_unpin(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
                     s.relay.observe(&chunk);
-                    s.queue.push_back(chunk);
+                    let chunk = s.relay.outgoing(chunk);
+                    if !chunk.is_empty() {
+                        s.queue.push_back(chunk);
+                    }
                     s.looked_again = false;
                     if !s.gathering && s.skip > 0 {
                         // The last look found a lone chunk: pass this one on.

@@ -24,7 +24,7 @@ pub(crate) struct Replica {
     /// The engine's URL of each route (`Route::ALL` order), parsed once (parsing a URL
     /// per request was 3 % of a short request's CPU). `http::Uri`, what the
     /// engine client sends on, so nothing is parsed again per request.
-    pub(crate) route_urls: [Uri; 3],
+    pub(crate) route_urls: [Uri; Route::COUNT],
     /// Its `host:port` ([`Replica::endpoint_of`]), made once: the endpoint
     /// picker names and matches replicas by it on every request.
     pub(crate) endpoint: String,
@@ -37,13 +37,18 @@ pub(crate) struct Replica {
 impl Replica {
     /// `base` + each route's path, parsed (checked as a URL first, for
     /// the same errors as everywhere else a URL is read).
-    pub(crate) fn parse_route_urls(base: &str) -> Result<[Uri; 3], String> {
+    pub(crate) fn parse_route_urls(base: &str) -> Result<[Uri; Route::COUNT], String> {
         let parse = |route: Route| {
             let text = format!("{base}{}", route.path());
             let url = reqwest::Url::parse(&text).map_err(|e| format!("invalid URL {base}: {e}"))?;
             Uri::try_from(url.as_str()).map_err(|e| format!("invalid URL {base}: {e}"))
         };
-        Ok([parse(Route::Chat)?, parse(Route::Completions)?, parse(Route::Messages)?])
+        Ok([
+            parse(Route::Chat)?,
+            parse(Route::Completions)?,
+            parse(Route::Messages)?,
+            parse(Route::Responses)?,
+        ])
     }
 
     /// The engine's `host:port` in `url`, as a gateway's endpoint list names

@@ -122,7 +122,7 @@ pub(crate) fn error_response_in(api: Api, e: &ErrorResponse) -> Response {
 /// `e` as a JSON body in `api`'s shape.
 fn error_body(api: Api, e: &ErrorResponse) -> Vec<u8> {
     match api {
-        Api::OpenAi => e.to_vec(),
+        Api::OpenAi | Api::Responses => e.to_vec(),
         Api::Anthropic => anthropic::error_body(e),
     }
 }

@@ -4,6 +4,7 @@
 //! replica directory both name it.
 
 use kvgate_openai::anthropic::{COUNT_TOKENS_PATH, MESSAGES_PATH};
+use kvgate_openai::responses::RESPONSES_PATH;
 
 /// The generation routes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,6 +13,8 @@ pub(crate) enum Route {
     Completions,
     /// Anthropic's Messages API, as vLLM serves it.
     Messages,
+    /// OpenAI's Responses API (`POST /v1/responses`), as vLLM serves it.
+    Responses,
 }
 
 /// The API a route belongs to: what its error bodies and streams look like.
@@ -22,14 +25,23 @@ pub(crate) enum Api {
     /// Anthropic's: `{"type": "error", "error": {...}}`, streams end with
     /// an event named `message_stop` (or `error`).
     Anthropic,
+    /// OpenAI's Responses API: OpenAI's error body; streams of named events
+    /// that end with `response.completed` (`.incomplete`, `.failed`, or
+    /// `error`), whose first `*.delta` event is the first token.
+    Responses,
 }
 
 impl Api {
     /// The API of any client path (not only generation routes): Anthropic's
-    /// for `/v1/messages` and `/v1/messages/count_tokens`.
+    /// for `/v1/messages` and `/v1/messages/count_tokens`, the Responses
+    /// API's for `/v1/responses` and the paths below it.
     pub(crate) fn of_path(path: &str) -> Api {
         if path == MESSAGES_PATH || path == COUNT_TOKENS_PATH {
             Api::Anthropic
+        } else if path == RESPONSES_PATH
+            || path.strip_prefix(RESPONSES_PATH).is_some_and(|rest| rest.starts_with('/'))
+        {
+            Api::Responses
         } else {
             Api::OpenAi
         }
@@ -37,7 +49,11 @@ impl Api {
 }
 
 impl Route {
-    pub(crate) const ALL: [Route; 3] = [Route::Chat, Route::Completions, Route::Messages];
+    /// How many generation routes there are (per-route arrays).
+    pub(crate) const COUNT: usize = 4;
+
+    pub(crate) const ALL: [Route; Route::COUNT] =
+        [Route::Chat, Route::Completions, Route::Messages, Route::Responses];
 
     /// The generation route a request path names, if any.
     pub(crate) fn of_path(path: &str) -> Option<Route> {
@@ -49,6 +65,7 @@ impl Route {
             Route::Chat => "/v1/chat/completions",
             Route::Completions => "/v1/completions",
             Route::Messages => MESSAGES_PATH,
+            Route::Responses => RESPONSES_PATH,
         }
     }
 
@@ -58,6 +75,7 @@ impl Route {
             Route::Chat => "chat",
             Route::Completions => "completions",
             Route::Messages => "messages",
+            Route::Responses => "responses",
         }
     }
 
@@ -65,6 +83,7 @@ impl Route {
         match self {
             Route::Chat | Route::Completions => Api::OpenAi,
             Route::Messages => Api::Anthropic,
+            Route::Responses => Api::Responses,
         }
     }
 
@@ -74,6 +93,7 @@ impl Route {
             Route::Chat => 0,
             Route::Completions => 1,
             Route::Messages => 2,
+            Route::Responses => 3,
         }
     }
 }
@@ -94,5 +114,9 @@ mod tests {
         assert_eq!(Api::of_path("/v1/messages/count_tokens"), Api::Anthropic);
         assert_eq!(Api::of_path("/v1/messages"), Route::Messages.api());
         assert_eq!(Api::of_path("/tokenize"), Api::OpenAi);
+        assert_eq!(Api::of_path("/v1/responses"), Route::Responses.api());
+        assert_eq!(Api::of_path("/v1/responses/resp_1/cancel"), Api::Responses);
+        assert_eq!(Api::of_path("/v1/responsesx"), Api::OpenAi);
+        assert_eq!(Route::of_path("/v1/responses/resp_1"), None);
     }
 }

@@ -114,12 +114,15 @@ fn app(shared: &Arc<Shared>, api: &Arc<ApiContext>) -> Router {
         .route("/v1/chat/completions", post(api::chat))
         .route("/v1/completions", post(api::completions))
         .route("/v1/messages", post(api::messages))
+        .route("/v1/responses", post(api::responses))
         .layer(middleware::from_fn_with_state(Arc::clone(shared), client_auth))
         .layer(middleware::from_fn_with_state(shared.shedding(), crate::shed::shed));
     let mut protected = Router::new()
         .route("/v1/models", get(api::models))
         .route("/tokenize", post(api::tokenize))
         .route("/v1/messages/count_tokens", post(api::count_tokens))
+        .route("/v1/responses/{id}", get(crate::stored_responses::retrieve))
+        .route("/v1/responses/{id}/cancel", post(crate::stored_responses::cancel))
         .route("/detokenize", post(api::detokenize));
     if c.metrics_listen.is_none() {
         protected = protected.route("/metrics", get(api::metrics));

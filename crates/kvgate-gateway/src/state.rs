@@ -70,6 +70,9 @@ pub(crate) struct Shared {
     pub(crate) key_throttle: Arc<KeyThrottle>,
     /// The fleet's one block size (validated at startup).
     pub(crate) block_size: u32,
+    /// The key of the response ids Responses API clients get
+    /// (`auth.affinity_key`, or one drawn for this process).
+    pub(crate) affinity: crate::affinity::AffinityKey,
     /// Set on shutdown: new requests get 503.
     pub(crate) closing: watch::Sender<bool>,
     /// Peer instances (load sharing).
@@ -126,6 +129,13 @@ impl Shared {
         }
         let pools = Arc::new(Pools::new(pools));
         let block_size = config.block_size();
+        let affinity = crate::affinity::AffinityKey::new(config.auth.affinity_key.as_deref());
+        if !affinity.shared {
+            tracing::info!(
+                "no auth.affinity_key: Responses API ids verify on this instance only; give \
+                 every instance of the fleet the same key to continue conversations on any of them"
+            );
+        }
         let (closing, _) = watch::channel(false);
         let settings = Settings::from_config(&config);
         let mut core = Fleet::new(routers, settings.health);
@@ -173,6 +183,7 @@ impl Shared {
             metrics,
             key_throttle: Arc::new(KeyThrottle::new(config.limits.key_failures_per_minute)),
             block_size,
+            affinity,
             closing,
             peers,
             registry,
@@ -206,6 +217,7 @@ impl Shared {
             limits: self.settings.request,
             block_size: self.block_size,
             replica_header: c.replica_header,
+            affinity: self.affinity.clone(),
         };
         Arc::new(ApiContext {
             pools: Arc::clone(&self.pools),
@@ -238,6 +250,7 @@ impl Shared {
             block_size: self.block_size,
             metrics: Arc::clone(&self.metrics),
             fleet: Arc::clone(&self.fleet),
+            affinity: self.affinity.clone(),
         }
     }
 

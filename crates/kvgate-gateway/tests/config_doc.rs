@@ -50,6 +50,7 @@ fn everything_set() -> GatewayConfig {
     };
     c.model.dir = Some("/models/m".into());
     c.auth.admin_key = Some("admin-key-123".into());
+    c.auth.affinity_key = Some("affinity-key-123".into());
     c.router.seed = Some(7);
     c.peers.dns = Some("kvgate-peers:9000".into());
     c.peers.listen = Some("0.0.0.0:9000".parse().unwrap());

@@ -138,6 +138,11 @@ pub(crate) struct GatewayArgs {
     /// The key peers share (required with any peer setting).
     #[arg(long, env = "KVGATE_PEER_KEY", hide_env_values = true)]
     pub(crate) peer_key: Option<String>,
+    /// The key that authenticates the Responses API ids kvgate hands out
+    /// (each names the replica holding its response); every instance of a
+    /// fleet needs the same one. Unset, each instance draws its own.
+    #[arg(long, env = "KVGATE_AFFINITY_KEY", hide_env_values = true)]
+    pub(crate) affinity_key: Option<String>,
     /// Find engines by DNS: a name (a headless Service of the vLLM pods)
     /// resolved periodically; ports and topic come from `discovery.*`.
     #[arg(long, value_name = "HOST", env = "KVGATE_DISCOVER_DNS")]

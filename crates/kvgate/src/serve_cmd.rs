@@ -100,6 +100,9 @@ fn config_with(
     if let Some(k) = &args.peer_key {
         c.peers.key = Some(k.clone());
     }
+    if let Some(k) = &args.affinity_key {
+        c.auth.affinity_key = Some(k.clone());
+    }
     if let Some(d) = &args.discover_dns {
         c.discovery.dns = Some(d.clone());
     }

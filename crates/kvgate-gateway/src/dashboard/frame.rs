@@ -165,7 +165,7 @@ mod tests {
         let rates = Rates {
             span_s: 5.0,
             requests_per_s: Some(2.0),
-            by_route_per_s: [Some(1.5), None, Some(0.5)],
+            by_route_per_s: [Some(1.5), None, Some(0.5), None],
             predicted_hit_rate: Some(0.5),
             engine_hit_rate: Some(0.4),
             replicas: vec![ReplicaRates { events_per_s: Some(12.5), ..ReplicaRates::default() }],
@@ -178,7 +178,7 @@ mod tests {
         assert_eq!(v["fleet"]["requests_per_s"], 2.0);
         assert_eq!(
             v["fleet"]["requests_per_s_by_route"],
-            serde_json::json!({"chat": 1.5, "completions": null, "messages": 0.5})
+            serde_json::json!({"chat": 1.5, "completions": null, "messages": 0.5, "responses": null})
         );
         assert_eq!(v["fleet"]["ttft_p90_s"], 0.3);
         assert_eq!(v["fleet"]["healthy"], 1);

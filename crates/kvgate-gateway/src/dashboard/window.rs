@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use crate::route::Route;
 use crate::snapshot::FleetSnapshot;
 
 /// One replica's counters at one instant.
@@ -28,7 +29,7 @@ pub(crate) struct Sample {
     pub(crate) prompt_tokens: u64,
     pub(crate) predicted_cached_tokens: u64,
     /// Requests answered per generation route (`Route::ALL` order).
-    pub(crate) by_route: [u64; 3],
+    pub(crate) by_route: [u64; Route::COUNT],
     pub(crate) replicas: Vec<ReplicaCounters>,
 }
 
@@ -37,7 +38,7 @@ impl Sample {
     pub(crate) fn of(
         snap: &FleetSnapshot,
         prompt_totals: (u64, u64),
-        by_route: [u64; 3],
+        by_route: [u64; Route::COUNT],
         at: Instant,
     ) -> Sample {
         let replicas = snap
@@ -81,7 +82,7 @@ pub(crate) struct Rates {
     pub(crate) requests_per_s: Option<f64>,
     /// Requests answered per second per generation route (`Route::ALL`
     /// order).
-    pub(crate) by_route_per_s: [Option<f64>; 3],
+    pub(crate) by_route_per_s: [Option<f64>; Route::COUNT],
     /// Predicted cached / routed prompt tokens.
     pub(crate) predicted_hit_rate: Option<f64>,
     /// The engines' prefix-cache hits / queries, summed over replicas.
@@ -172,7 +173,7 @@ mod tests {
             routed,
             prompt_tokens: tokens.0,
             predicted_cached_tokens: tokens.1,
-            by_route: [routed, 0, 0],
+            by_route: [routed, 0, 0, 0],
             replicas: reps
                 .iter()
                 .map(|&(name, events, hits)| ReplicaCounters {
@@ -200,7 +201,7 @@ mod tests {
         let r = w.rates();
         assert_eq!(r.span_s, 5.0);
         assert_eq!(r.requests_per_s, Some(10.0));
-        assert_eq!(r.by_route_per_s, [Some(10.0), Some(0.0), Some(0.0)]);
+        assert_eq!(r.by_route_per_s, [Some(10.0), Some(0.0), Some(0.0), Some(0.0)]);
         assert_eq!(r.predicted_hit_rate, Some(0.25));
         assert_eq!(r.replicas[0].events_per_s, Some(20.0));
         assert_eq!(r.replicas[0].engine_hit_rate, Some(0.5));

@@ -303,6 +303,13 @@ impl Exchange {
             Some(Route::Messages) => {
                 prepare::messages(&ctx.preparer, body, crate::api::unix_now()).await
             }
+            // Its response ids must be rewritten to carry their owner
+            // (`affinity.rs`), and here the gateway carries the bytes.
+            Some(Route::Responses) => Err(Box::new(ErrorResponse::with_status(
+                501,
+                "the Responses API is served by `kvgate serve` only: the endpoint picker cannot \
+                 rewrite its response ids to keep conversations on their replica",
+            ))),
             None => Ok(unkeyed(body)),
         };
         let p = match prepared {
@@ -337,7 +344,7 @@ impl Exchange {
         };
         replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let cached = u64::from(routed.cached_blocks) * u64::from(ctx.block_size);
-        ctx.metrics.prompt_tokens(p.prompt_tokens, cached.min(p.prompt_tokens));
+        ctx.placer.count_prompt(&p, cached);
         let endpoints = endpoint_list(&ctx, &replica.endpoint, &routed, &attempts.exclude);
         let forwarded = if ctx.config.token_passthrough && route.is_some() {
             p.body_for(replica.config.passthrough)
@@ -463,11 +470,15 @@ impl Exchange {
             w.parser = None;
             return;
         }
-        let anthropic = self.placed.as_ref().is_some_and(|p| p.api == Api::Anthropic);
+        let api = self.placed.as_ref().map(|p| p.api);
         let mut output = false;
         for item in &w.items {
             w.tap.observe(item);
-            output |= anthropic && kvgate_openai::anthropic::is_output_event(item);
+            output |= match api {
+                Some(Api::Anthropic) => kvgate_openai::anthropic::is_output_event(item),
+                Some(Api::Responses) => kvgate_openai::responses::is_output_event(item),
+                _ => false,
+            };
         }
         if output || w.tap.has_output() {
             w.first_seen = true;
@@ -489,7 +500,7 @@ impl Exchange {
         let status = self.watch.status;
         let ended = match p.api {
             Api::OpenAi => self.watch.framing.is_done(),
-            Api::Anthropic => self.watch.framing.named_end(),
+            Api::Anthropic | Api::Responses => self.watch.framing.named_end(),
         };
         let ok = (200..300).contains(&status) && (!self.watch.sse || ended);
         b.finish(if ok { Outcome::Finished } else { Outcome::Error });
@@ -516,6 +527,7 @@ fn unkeyed(body: Bytes) -> Prepared {
         adapter: None,
         original: body,
         with_tokens: None,
+        continues: None,
     }
 }
 
