@@ -6,67 +6,27 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kvgate_events::publisher::PublisherConfig;
 use kvgate_gateway::Gateway;
-use kvgate_sim::server::{start, Replica, ServerConfig};
-use kvgate_sim::EngineConfig;
+use kvgate_sim::server::Replica;
 use kvgate_tokenize::service::{Tokenize, TokenizeService};
 use kvgate_tokenize::ChatTokenizer;
 use serde_json::{json, Value};
-use support::{gw_config, replica_cfg};
-use tokio::net::TcpListener;
+use support::{exchange, gw_config, inproc_sim, local_client, replica_cfg, start_gateway};
 
 mod support;
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
 
-fn client() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(30)).build().unwrap()
-}
-
-async fn sim(tok: &Arc<TokenizeService>) -> Replica {
-    let mut events = PublisherConfig::new("tcp://127.0.0.1:0");
-    events.force_bind = true;
-    events.replay_endpoint = Some("tcp://127.0.0.1:0".to_owned());
-    let config = ServerConfig {
-        engine: EngineConfig::default(),
-        speedup: 20.0,
-        events: Some(events),
-        ..ServerConfig::default()
-    };
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    start(config, listener, Arc::clone(tok)).await.unwrap()
-}
-
 async fn gateway(sims: &[Replica]) -> (Gateway, String) {
     let replicas =
         sims.iter().enumerate().map(|(i, s)| replica_cfg(&format!("sim-{i}"), s)).collect();
-    let c = gw_config(replicas);
-    let gw = Gateway::start(c).await.unwrap();
-    let base = format!("http://{}", gw.local_addr());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if let Ok(r) = client().get(format!("{base}/ready")).send().await {
-            if r.status() == 200 {
-                return (gw, base);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("kvgate never became ready");
+    start_gateway(gw_config(replicas)).await
 }
 
-/// (status, x-kvgate-replica, body)
 async fn post(url: &str, body: &Value) -> (u16, String, String) {
-    let r = client().post(url).json(body).send().await.unwrap();
-    let status = r.status().as_u16();
-    let replica = r
-        .headers()
-        .get("x-kvgate-replica")
-        .map_or(String::new(), |v| v.to_str().unwrap().to_owned());
-    (status, replica, r.text().await.unwrap())
+    exchange(local_client().post(url).json(body)).await
 }
 
 fn system() -> String {
@@ -78,7 +38,7 @@ async fn messages_through_kvgate_follow_their_prefix_and_keep_anthropics_shapes(
     let tok = Arc::new(
         TokenizeService::new(Tokenize::new(ChatTokenizer::bundled().unwrap(), None), 1).unwrap(),
     );
-    let sims = [sim(&tok).await, sim(&tok).await];
+    let sims = [inproc_sim(&tok).await, inproc_sim(&tok).await];
     let (_gw, base) = gateway(&sims).await;
     let url = format!("{base}/v1/messages");
     let mut messages = vec![json!({"role": "user", "content": "List the crates."})];
@@ -130,6 +90,6 @@ async fn messages_through_kvgate_follow_their_prefix_and_keep_anthropics_shapes(
     );
 
     let metrics =
-        client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+        local_client().get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
     assert!(metrics.contains(r#"route="messages""#), "{metrics}");
 }

@@ -8,9 +8,13 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvgate_events::publisher::loopback_endpoint;
-use kvgate_gateway::{GatewayConfig, ReplicaConfig};
-use kvgate_sim::server::Replica;
+use std::sync::Arc;
+
+use kvgate_events::publisher::{loopback_endpoint, PublisherConfig};
+use kvgate_gateway::{Gateway, GatewayConfig, ReplicaConfig};
+use kvgate_sim::server::{start, Replica, ServerConfig};
+use kvgate_sim::EngineConfig;
+use kvgate_tokenize::service::TokenizeService;
 use serde_json::Value;
 
 /// Kills (SIGKILL) and reaps the process when dropped.
@@ -247,4 +251,52 @@ pub fn gw_config(replicas: Vec<ReplicaConfig>) -> GatewayConfig {
     c.monitor.probe_timeout_ms = 1_000;
     c.model.tokenizer_threads = 1;
     c
+}
+
+/// A client for in-process servers: no proxy, 30 s per request.
+pub fn local_client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(30)).build().unwrap()
+}
+
+/// An in-process simulated replica at 20x speed, its KV events and replay
+/// on loopback.
+pub async fn inproc_sim(tok: &Arc<TokenizeService>) -> Replica {
+    let mut events = PublisherConfig::new("tcp://127.0.0.1:0");
+    events.force_bind = true;
+    events.replay_endpoint = Some("tcp://127.0.0.1:0".to_owned());
+    let config = ServerConfig {
+        engine: EngineConfig::default(),
+        speedup: 20.0,
+        events: Some(events),
+        ..ServerConfig::default()
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    start(config, listener, Arc::clone(tok)).await.unwrap()
+}
+
+/// Starts an in-process gateway and waits until it is ready; its base URL.
+pub async fn start_gateway(c: GatewayConfig) -> (Gateway, String) {
+    let gw = Gateway::start(c).await.unwrap();
+    let base = format!("http://{}", gw.local_addr());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(r) = local_client().get(format!("{base}/ready")).send().await {
+            if r.status() == 200 {
+                return (gw, base);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("kvgate never became ready");
+}
+
+/// Sends `req`: (status, `x-kvgate-replica`, body).
+pub async fn exchange(req: reqwest::RequestBuilder) -> (u16, String, String) {
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let replica = r
+        .headers()
+        .get("x-kvgate-replica")
+        .map_or(String::new(), |v| v.to_str().unwrap().to_owned());
+    (status, replica, r.text().await.unwrap())
 }
