@@ -630,3 +630,86 @@ async fn count_tokens_counts_what_the_messages_request_would_send() {
     assert_eq!(kind, "invalid_request_error");
     assert!(fake.seen().is_empty(), "counted without an engine");
 }
+
+/// A Responses API request through `forward`: status, headers, body.
+async fn respond_to(api: &ApiContext, body: serde_json::Value) -> (u16, HeaderMap, String) {
+    let body = Bytes::from(body.to_string());
+    let p = crate::prepare::responses(&api.preparer, body).await.expect("prepared");
+    let permit =
+        Arc::new(Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("permit"));
+    let resp = forward(&api.forwarder, p, &HeaderMap::new(), permit, Instant::now()).await;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
+    (status, headers, String::from_utf8(body.to_vec()).expect("utf-8"))
+}
+
+#[tokio::test]
+async fn a_continued_responses_turn_goes_to_its_owner_only_and_is_not_retried_elsewhere() {
+    let (api, fake) = gateway(&["a:1", "b:2"], |_| {}).await;
+    let model = api.pools.all()[0].model.served_name.clone();
+    let previous = api.forwarder.affinity.issue("http://b:2", "resp_engine1").expect("id");
+    let body =
+        serde_json::json!({"model": model, "input": "next", "previous_response_id": previous});
+    for _ in 0..3 {
+        fake.next([Answer::Status(
+            200,
+            r#"{"id":"resp_engine2","previous_response_id":"resp_engine1"}"#,
+        )]);
+        let (status, headers, text) = respond_to(&api, body.clone()).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(headers["x-kvgate-replica"], "http://b:2");
+        // The client sees kvgate's ids, never the engine's.
+        let v: serde_json::Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["previous_response_id"], previous.as_str());
+        let id = v["id"].as_str().expect("id");
+        let owned = api.forwarder.affinity.resolve(id).expect("issued");
+        assert_eq!(
+            (owned.owner.as_str(), owned.engine_id.as_str()),
+            ("http://b:2", "resp_engine2")
+        );
+    }
+    let seen = fake.seen();
+    assert!(seen.iter().all(|s| s.engine == "b:2" && s.path == "/v1/responses"), "{seen:?}");
+    // The engine got its own id.
+    let sent: serde_json::Value = serde_json::from_slice(&seen[0].body).expect("json");
+    assert_eq!(sent["previous_response_id"], "resp_engine1");
+    // The owner fails: the client gets its error, no other replica is tried.
+    fake.next([Answer::Status(503, r#"{"error":{"message":"overloaded"}}"#)]);
+    let (status, _, _) = respond_to(&api, body.clone()).await;
+    assert_eq!(status, 503);
+    assert_eq!(fake.seen().len(), 4, "no retry elsewhere");
+    // An id naming a replica that is not in the fleet: its state is gone.
+    let gone = api.forwarder.affinity.issue("http://c:3", "resp_x").expect("id");
+    let body = serde_json::json!({"model": model, "input": "next", "previous_response_id": gone});
+    let (status, _, text) = respond_to(&api, body).await;
+    assert_eq!(status, 404, "{text}");
+    assert!(text.contains("state is gone"), "{text}");
+    assert_eq!(fake.seen().len(), 4, "no engine asked");
+}
+
+#[tokio::test]
+async fn a_broken_responses_stream_ends_with_a_responses_error_event_and_rewritten_ids() {
+    let (api, fake) = gateway(&["a:1"], |_| {}).await;
+    let model = api.pools.all()[0].model.served_name.clone();
+    fake.next([Answer::Sse(
+        vec![
+            (Duration::ZERO, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_e"),
+            (Duration::ZERO, "ngine9\"},\"sequence_number\":0}\n\nevent: response.output_text.delta\n"),
+            (Duration::ZERO, "data: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n"),
+        ],
+        End::Break,
+    )]);
+    let body = serde_json::json!({"model": model, "input": "hello", "stream": true});
+    let (status, _, text) = respond_to(&api, body).await;
+    assert_eq!(status, 200);
+    assert!(!text.contains("resp_engine9"), "{text}");
+    let client_id = api.forwarder.affinity.issue("http://a:1", "resp_engine9").expect("id");
+    assert!(text.contains(&client_id), "{text}");
+    assert!(text.contains("response.output_text.delta"), "{text}");
+    // Its end: a Responses `error` event, no `[DONE]`.
+    assert!(text.ends_with("\n\n") && !text.contains("[DONE]"), "{text}");
+    let last = text.trim_end().rsplit("\n\n").next().expect("an event");
+    assert!(last.starts_with("event: error\ndata: "), "{last}");
+    assert!(last.contains("\"sequence_number\":2"), "{last}");
+}
