@@ -3,8 +3,7 @@
 //! passthrough and the error shape, as vLLM 0.33 serves them.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use kvgate_sim::server::{Replica, ServerConfig};
-use kvgate_sim::EngineConfig;
+use kvgate_sim::server::Replica;
 use kvgate_tokenize::{messages_to_chat, ChatTokenizer, MessagesEndpoint};
 use serde_json::{json, Value};
 
@@ -12,13 +11,7 @@ mod support;
 use support::MODEL;
 
 async fn replica() -> Replica {
-    support::replica(ServerConfig {
-        engine: EngineConfig { hash_seed: Some(7), num_gpu_blocks: 512, ..EngineConfig::default() },
-        model: MODEL.to_owned(),
-        speedup: 50.0,
-        ..ServerConfig::default()
-    })
-    .await
+    support::api_replica().await
 }
 
 async fn send(r: &Replica, path: &str, body: &Value) -> (u16, String) {

@@ -6,21 +6,14 @@
 //! not hold.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use kvgate_sim::server::{Replica, ServerConfig};
-use kvgate_sim::EngineConfig;
+use kvgate_sim::server::Replica;
 use serde_json::{json, Value};
 
 mod support;
 use support::MODEL;
 
 async fn replica() -> Replica {
-    support::replica(ServerConfig {
-        engine: EngineConfig { hash_seed: Some(7), num_gpu_blocks: 512, ..EngineConfig::default() },
-        model: MODEL.to_owned(),
-        speedup: 50.0,
-        ..ServerConfig::default()
-    })
-    .await
+    support::api_replica().await
 }
 
 async fn call(req: reqwest::RequestBuilder) -> (u16, Value, String) {

@@ -19,7 +19,7 @@ use kvgate_tokenize::{messages_to_chat, ChatTokenizer, MessagesEndpoint};
 use serde_json::Value;
 
 mod support;
-use support::{load, mismatch, read_jsonl};
+use support::{check_corpus, mismatch};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/messages_parity")
@@ -39,34 +39,8 @@ fn compute(tokenizer: &ChatTokenizer, case: &Value) -> Result<Vec<u32>, String> 
 
 #[test]
 fn messages_parity_with_vllm_for_every_case_and_family() {
-    let corpus = read_jsonl(&dir().join("corpus.jsonl"));
-    assert!(corpus.len() >= 40, "the corpus has only {} cases", corpus.len());
-    let mut failures = Vec::new();
-    let mut summary = Vec::new();
-    for family in ["qwen3", "llama3_1"] {
-        let tokenizer = load(family);
-        let expected = read_jsonl(&dir().join(format!("expected-{family}.jsonl")));
-        let mut passed = 0;
-        for case in &corpus {
-            let id = case["id"].as_str().unwrap_or("?");
-            let Some(want) = expected.iter().find(|e| e["id"] == case["id"]) else {
-                failures.push(format!("[{family}] {id}: no expected line"));
-                continue;
-            };
-            let problem = mismatch(want, compute(&tokenizer, case));
-            match problem {
-                None => passed += 1,
-                Some(p) => failures.push(format!("[{family}] {id}: {p}")),
-            }
-        }
-        summary.push(format!("{family}: {passed}/{}", corpus.len()));
-    }
-    assert!(
-        failures.is_empty(),
-        "messages parity: {}\n{} mismatches:\n{}",
-        summary.join(", "),
-        failures.len(),
-        failures.join("\n")
-    );
-    eprintln!("messages parity: {}", summary.join(", "));
+    check_corpus(&dir(), "messages parity", 40, |tokenizer, case, want| match want {
+        None => Some("no expected line".into()),
+        Some(want) => mismatch(want, compute(tokenizer, case)),
+    });
 }

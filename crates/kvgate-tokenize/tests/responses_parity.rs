@@ -20,7 +20,7 @@ use kvgate_tokenize::{responses_to_chat, ChatTokenizer, TokenizeError};
 use serde_json::Value;
 
 mod support;
-use support::{load, mismatch, read_jsonl};
+use support::{check_corpus, mismatch};
 
 fn dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/responses_parity")
@@ -35,42 +35,17 @@ fn compute(tokenizer: &ChatTokenizer, case: &Value) -> Result<Vec<u32>, Tokenize
 
 #[test]
 fn responses_parity_with_vllm_for_every_case_and_family() {
-    let corpus = read_jsonl(&dir().join("corpus.jsonl"));
-    assert!(corpus.len() >= 40, "the corpus has only {} cases", corpus.len());
-    let mut failures = Vec::new();
-    let mut summary = Vec::new();
-    for family in ["qwen3", "llama3_1"] {
-        let tokenizer = load(family);
-        let expected = read_jsonl(&dir().join(format!("expected-{family}.jsonl")));
-        let mut passed = 0;
-        for case in &corpus {
-            let id = case["id"].as_str().unwrap_or("?");
-            let got = compute(&tokenizer, case);
-            let problem = if case["unsupported"] == true {
-                match got {
-                    Err(TokenizeError::Unsupported(_)) => None,
-                    other => Some(format!("expected an unsupported refusal, got {other:?}")),
-                }
-            } else {
-                let Some(want) = expected.iter().find(|e| e["id"] == case["id"]) else {
-                    failures.push(format!("[{family}] {id}: no expected line"));
-                    continue;
-                };
-                mismatch(want, got.map_err(|e| e.to_string()))
+    check_corpus(&dir(), "responses parity", 40, |tokenizer, case, want| {
+        let got = compute(tokenizer, case);
+        if case["unsupported"] == true {
+            return match got {
+                Err(TokenizeError::Unsupported(_)) => None,
+                other => Some(format!("expected an unsupported refusal, got {other:?}")),
             };
-            match problem {
-                None => passed += 1,
-                Some(p) => failures.push(format!("[{family}] {id}: {p}")),
-            }
         }
-        summary.push(format!("{family}: {passed}/{}", corpus.len()));
-    }
-    assert!(
-        failures.is_empty(),
-        "responses parity: {}\n{} mismatches:\n{}",
-        summary.join(", "),
-        failures.len(),
-        failures.join("\n")
-    );
-    eprintln!("responses parity: {}", summary.join(", "));
+        match want {
+            None => Some("no expected line".into()),
+            Some(want) => mismatch(want, got.map_err(|e| e.to_string())),
+        }
+    });
 }

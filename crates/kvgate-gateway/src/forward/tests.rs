@@ -65,6 +65,14 @@ async fn complete(api: &ApiContext, stream: bool) -> (u16, HeaderMap, String) {
     });
     let body = Bytes::from(body.to_string());
     let p = crate::prepare::completions(&api.preparer, body).await.expect("prepared");
+    through_forward(api, p).await
+}
+
+/// A prepared request through `forward`: status, headers, body.
+async fn through_forward(
+    api: &ApiContext,
+    p: crate::prepare::Prepared,
+) -> (u16, HeaderMap, String) {
     // The permit the shedding layer would have given it (shed.rs).
     let permit =
         Arc::new(Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("permit"));
@@ -635,13 +643,7 @@ async fn count_tokens_counts_what_the_messages_request_would_send() {
 async fn respond_to(api: &ApiContext, body: serde_json::Value) -> (u16, HeaderMap, String) {
     let body = Bytes::from(body.to_string());
     let p = crate::prepare::responses(&api.preparer, body).await.expect("prepared");
-    let permit =
-        Arc::new(Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().expect("permit"));
-    let resp = forward(&api.forwarder, p, &HeaderMap::new(), permit, Instant::now()).await;
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
-    (status, headers, String::from_utf8(body.to_vec()).expect("utf-8"))
+    through_forward(api, p).await
 }
 
 #[tokio::test]

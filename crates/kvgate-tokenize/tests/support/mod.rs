@@ -64,3 +64,41 @@ pub(crate) fn mismatch(want: &Value, got: Result<Vec<u32>, String>) -> Option<St
         }
     }
 }
+
+/// Checks every case of `dir/corpus.jsonl` (at least `min_cases`) for the
+/// Qwen3 and Llama 3 families against `dir/expected-<family>.jsonl`:
+/// `judge(tokenizer, case, expected line)` says what is wrong with a case,
+/// if anything. Every mismatch is reported at once, under `what`.
+pub(crate) fn check_corpus(
+    dir: &Path,
+    what: &str,
+    min_cases: usize,
+    judge: impl Fn(&ChatTokenizer, &Value, Option<&Value>) -> Option<String>,
+) {
+    let corpus = read_jsonl(&dir.join("corpus.jsonl"));
+    assert!(corpus.len() >= min_cases, "the corpus has only {} cases", corpus.len());
+    let mut failures = Vec::new();
+    let mut summary = Vec::new();
+    for family in ["qwen3", "llama3_1"] {
+        let tokenizer = load(family);
+        let expected = read_jsonl(&dir.join(format!("expected-{family}.jsonl")));
+        let mut passed = 0;
+        for case in &corpus {
+            let id = case["id"].as_str().unwrap_or("?");
+            let want = expected.iter().find(|e| e["id"] == case["id"]);
+            match judge(&tokenizer, case, want) {
+                None => passed += 1,
+                Some(p) => failures.push(format!("[{family}] {id}: {p}")),
+            }
+        }
+        summary.push(format!("{family}: {passed}/{}", corpus.len()));
+    }
+    assert!(
+        failures.is_empty(),
+        "{what}: {}\n{} mismatches:\n{}",
+        summary.join(", "),
+        failures.len(),
+        failures.join("\n")
+    );
+    eprintln!("{what}: {}", summary.join(", "));
+}
