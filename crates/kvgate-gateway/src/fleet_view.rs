@@ -54,6 +54,7 @@ impl FleetView {
             index_distinct_keys: index.distinct_keys(),
             in_flight: fleet.in_flight() as u64,
             cpu_seconds: crate::metrics::process_cpu_seconds(),
+            rss_bytes: crate::metrics::process_rss_bytes(),
             uptime_s: now.saturating_duration_since(self.started).as_secs_f64(),
             peer_outbox_dropped: self.peers.outbox_dropped.load(Ordering::Relaxed),
             peers_forgotten: self.peers.forgotten.load(Ordering::Relaxed),
@@ -81,6 +82,12 @@ impl FleetView {
                 adapter_loads: m.adapter_loads.load(Ordering::Relaxed),
                 adapter_runtime_loads: [&pool.loads.loaded, &pool.loads.failed]
                     .map(|c| c.load(Ordering::Relaxed)),
+                prompt_tokens: pool.traffic.totals(),
+                routed_by_reason: m
+                    .routed_by_reason
+                    .iter()
+                    .map(|c| c.load(Ordering::Relaxed))
+                    .collect(),
                 transfer_s_per_token: fleet.transfer_s_per_token(id),
             });
         }

@@ -651,6 +651,32 @@ impl SnapshotCollector {
             "LoRA adapters loaded onto an engine through its runtime API, by outcome",
             runtime,
         )?;
+        let tokens = pools.iter().flat_map(|p| {
+            let pool = p.name.as_str();
+            [("routed", p.prompt_tokens[0]), ("predicted_cached", p.prompt_tokens[1])]
+                .map(|(kind, v)| ([("pool", pool), ("kind", kind)], v))
+        });
+        counters(
+            enc,
+            "pool_prompt_tokens",
+            "Prompt tokens routed per pool (kind=routed), and those predicted cached where they \
+             went (kind=predicted_cached): the pool's predicted hit rate",
+            tokens,
+        )?;
+        let reasons = pools.iter().flat_map(|p| {
+            let pool = p.name.as_str();
+            kvgate_router::Reason::LABELS
+                .iter()
+                .zip(&p.routed_by_reason)
+                .map(move |(reason, &v)| ([("pool", pool), ("reason", *reason)], v))
+        });
+        counters(
+            enc,
+            "pool_decision_reasons",
+            "Routed requests per pool, by why the winner won (counted when the decision log \
+             is on, router.explain_last > 0, the default)",
+            reasons,
+        )?;
         let transfer = pools
             .iter()
             .filter_map(|p| Some(([("pool", p.name.as_str())], p.transfer_s_per_token?)));
@@ -892,6 +918,13 @@ impl SnapshotCollector {
         counters(enc, "tentative_blocks", "Tentative blocks, by outcome", tentative)?;
         gauges(enc, "tentative_blocks_live", "Tentative blocks live now", None, none(t.live))?;
 
+        gauges(
+            enc,
+            "process_resident_memory",
+            "Resident memory of this process",
+            Some(&Unit::Bytes),
+            [(NO_LABELS, s.rss_bytes)],
+        )?;
         let cpu = [(NO_LABELS, ConstCounter::new(s.cpu_seconds))];
         family(
             enc,
@@ -910,6 +943,18 @@ impl Collector for SnapshotCollector {
         self.encode_replicas(&mut encoder)?;
         self.encode_fleet(&mut encoder)
     }
+}
+
+/// Resident memory of this process, in bytes; 0 where it cannot be read
+/// (`VmRSS` of `/proc/self/status`, in kB there; off Linux the file does not
+/// exist).
+pub(crate) fn process_rss_bytes() -> u64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return 0 };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// CPU time used by this process so far, user + system, in seconds; 0.0 where
@@ -1021,6 +1066,7 @@ mod tests {
                 live: 4,
             },
             cpu_seconds: 1.5,
+            rss_bytes: 131_072_000,
             uptime_s: 60.0,
             peers: vec![crate::snapshot::PeerSnapshot {
                 instance: "p1".into(),
@@ -1045,6 +1091,13 @@ mod tests {
                 decisions: [10, 2, 1],
                 adapter_loads: 4,
                 adapter_runtime_loads: [1, 0],
+                prompt_tokens: [4096, 3072],
+                routed_by_reason: {
+                    let mut v = vec![0; kvgate_router::Reason::LABELS.len()];
+                    v[kvgate_router::Reason::LowestCost.index()] = 9;
+                    v[kvgate_router::Reason::Only.index()] = 1;
+                    v
+                },
                 transfer_s_per_token: Some(4.0e-6),
             }],
         }
@@ -1125,6 +1178,11 @@ mod tests {
                 "kvgate_pool_adapter_loads_total{pool=\"default\"} 4",
                 "kvgate_pool_adapter_runtime_loads_total{pool=\"default\",outcome=\"loaded\"} 1",
                 "kvgate_pool_info{pool=\"default\",model=\"m\"} 1",
+                r#"kvgate_pool_prompt_tokens_total{pool="default",kind="routed"} 4096"#,
+                r#"kvgate_pool_prompt_tokens_total{pool="default",kind="predicted_cached"} 3072"#,
+                r#"kvgate_pool_decision_reasons_total{pool="default",reason="lowest_cost"} 9"#,
+                r#"kvgate_pool_decision_reasons_total{pool="default",reason="only"} 1"#,
+                r#"kvgate_pool_decision_reasons_total{pool="default",reason="softmax"} 0"#,
                 "# UNIT kvgate_pool_kv_transfer_per_token_seconds seconds",
                 "kvgate_pool_kv_transfer_per_token_seconds{pool=\"default\"} 0.000004",
                 "kvgate_replica_pool{replica=\"a\",pool=\"default\"} 1",
@@ -1136,6 +1194,8 @@ mod tests {
                 r#"kvgate_tentative_blocks_total{outcome="overflow"} 1"#,
                 "kvgate_tentative_blocks_live 4",
                 "# TYPE kvgate_process_cpu_seconds counter",
+                "# UNIT kvgate_process_resident_memory_bytes bytes",
+                "kvgate_process_resident_memory_bytes 131072000",
                 "kvgate_process_cpu_seconds_total 1.5",
                 "kvgate_uptime_seconds 60.0",
             ],
@@ -1256,5 +1316,18 @@ mod tests {
             assert!(cpu > 0.0, "{cpu}");
         }
         assert!(cpu.is_finite() && cpu >= 0.0);
+    }
+
+    #[test]
+    fn resident_memory_counts_a_touched_allocation() {
+        if !cfg!(target_os = "linux") {
+            return;
+        }
+        // 64 MiB written byte by byte is resident while it lives, whatever
+        // the other tests allocate or free meanwhile.
+        let block = std::hint::black_box(vec![1u8; 64 << 20]);
+        let rss = process_rss_bytes();
+        assert!(rss >= 64 << 20, "{rss}");
+        drop(block);
     }
 }

@@ -78,6 +78,16 @@ impl Attempts {
 }
 
 impl Placer {
+    /// `p` went to a replica where `predicted_cached` of its prompt tokens
+    /// were predicted cached: counted fleet-wide and in its pool.
+    pub(crate) fn count_prompt(&self, p: &Prepared, predicted_cached: u64) {
+        let cached = predicted_cached.min(p.prompt_tokens);
+        self.metrics.prompt_tokens(p.prompt_tokens, cached);
+        if let Some(pool) = self.pools.get(p.pool) {
+            pool.traffic.add(p.prompt_tokens, cached);
+        }
+    }
+
     /// The replicas that do not serve `adapter`: an adapter an engine listed
     /// (not one declared for the whole fleet) is served only by the replicas
     /// that list it.

@@ -4,6 +4,7 @@
 //! busy replicas holds up only its own arrivals: one queue per pool.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kvgate_openai::ErrorResponse;
@@ -32,6 +33,8 @@ pub(crate) struct Pool {
     pub(crate) loadable: HashMap<String, String>,
     /// Its runtime adapter loads.
     pub(crate) loads: LoadCounts,
+    /// Its routed prompt tokens (`kvgate_pool_prompt_tokens_total`).
+    pub(crate) traffic: PoolTraffic,
     /// Whether it splits requests between prefill and decode replicas (it
     /// has a prefill side, `[disagg]`): fixed at start-up, so the request
     /// path reads it here rather than under the fleet lock.
@@ -62,8 +65,29 @@ impl Pool {
             admission,
             loadable,
             loads: LoadCounts::default(),
+            traffic: PoolTraffic::default(),
             disaggregated,
         }
+    }
+}
+
+/// A pool's routed prompt tokens and those predicted cached: the per-pool
+/// predicted hit rate, set beside the engines' reported one.
+#[derive(Debug, Default)]
+pub(crate) struct PoolTraffic {
+    prompt_tokens: AtomicU64,
+    predicted_cached_tokens: AtomicU64,
+}
+
+impl PoolTraffic {
+    pub(crate) fn add(&self, prompt_tokens: u64, predicted_cached: u64) {
+        self.prompt_tokens.fetch_add(prompt_tokens, Ordering::Relaxed);
+        self.predicted_cached_tokens.fetch_add(predicted_cached, Ordering::Relaxed);
+    }
+
+    /// Routed, predicted cached.
+    pub(crate) fn totals(&self) -> [u64; 2] {
+        [&self.prompt_tokens, &self.predicted_cached_tokens].map(|c| c.load(Ordering::Relaxed))
     }
 }
 

@@ -111,6 +111,8 @@ pub struct FleetSnapshot {
     pub tentative: TentativeStats,
     /// This process's CPU time, seconds (user + system).
     pub cpu_seconds: f64,
+    /// Resident memory of this process, bytes (0 where it cannot be read).
+    pub rss_bytes: u64,
     /// Seconds since start.
     pub uptime_s: f64,
     /// Peer instances heard from.
@@ -143,6 +145,11 @@ pub struct PoolSnapshot {
     pub adapter_loads: u64,
     /// Runtime adapter loads through the engines' API: done, failed.
     pub adapter_runtime_loads: [u64; 2],
+    /// Prompt tokens routed, and those predicted cached where they went.
+    pub prompt_tokens: [u64; 2],
+    /// Routed requests by the reason the winner won, in
+    /// `kvgate_router::Reason::LABELS` order.
+    pub routed_by_reason: Vec<u64>,
     /// A disaggregated pool's KV transfer time per token, seconds, as
     /// calibrated from its decode replicas' NIXL metrics (the configured
     /// bandwidth until they report); `None` for other pools.
