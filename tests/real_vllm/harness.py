@@ -142,7 +142,9 @@ class Engine:
     def start(self):
         self.proc = self.procs.start(
             self.name, ["bash", os.path.join(ROOT, "scripts/real-vllm.sh"), "serve", "--port", str(self.port)],
-            env={"REAL_VLLM_CPU": str(self.cpu)})
+            # The Responses API's store (previous_response_id, GET by id):
+            # off by default in vLLM; the suite's engines are short-lived.
+            env={"REAL_VLLM_CPU": str(self.cpu), "VLLM_ENABLE_RESPONSES_API_STORE": "1"})
 
     def healthy(self):
         try:

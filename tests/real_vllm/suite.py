@@ -23,6 +23,8 @@ from harness import (MODEL, ROOT, Engine, EventRecorder, Fail, Kvgate, Procs, ht
 
 BLOCK = 32
 BASE_PORT = int(os.environ.get("REAL_VLLM_SUITE_PORT", "18300"))
+# Every kvgate of the suite shares it: Responses API ids verify on each.
+AFFINITY_KEY = "real-engine-suite-affinity-key"
 
 
 def rand_tokens(rng, n):
@@ -88,7 +90,8 @@ class Suite:
         self.kv.wait_ready()
 
     def kvgate(self, name, port):
-        return Kvgate(self.procs, self.args.kvgate, name, port, [e.spec() for e in self.engines])
+        return Kvgate(self.procs, self.args.kvgate, name, port, [e.spec() for e in self.engines],
+                      extra=["--affinity-key", AFFINITY_KEY])
 
     def teardown(self):
         for r in self.recorders.values():
@@ -176,6 +179,62 @@ class Suite:
             raise Fail(f"tools prompt_tokens {b1['usage']} vs {b2['usage']}")
         out["tools_prompt_tokens"] = b1["usage"]["prompt_tokens"]
         return out
+
+    # ---- the Responses API, with conversation affinity -------------------
+    def responses_affinity(self):
+        """A 20-turn previous_response_id chain through two kvgate instances
+        taken in turn: every turn served, all on one engine (its own
+        request counter), retrieval through the other instance, a forged id
+        refused; and a new conversation's prompt counted alike through
+        kvgate (token ids handed over) and straight at the engine."""
+        def finished(engine):
+            _, text, _ = http_json(engine.url + "/metrics")
+            return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("vllm:request_success_total{"))
+
+        other = self.kvgate("kvgate-b", BASE_PORT + 110)
+        other.start()
+        other.wait_ready()
+        try:
+            urls = [self.kv.url, other.url]
+            before = {e.name: finished(e) for e in self.engines}
+            previous, owners = None, set()
+            for turn in range(20):
+                body = {"model": MODEL, "instructions": "You are a terse assistant. " * 20,
+                        "input": f"Step {turn}: what next?", "max_output_tokens": 4}
+                if previous:
+                    body["previous_response_id"] = previous
+                status, r, h = http_json(urls[turn % 2] + "/v1/responses", "POST", body)
+                if status != 200 or r.get("previous_response_id") != previous:
+                    raise Fail(f"turn {turn}: {status} {str(r)[:300]}")
+                owners.add(h.get("x-kvgate-replica"))
+                previous = r["id"]
+            ran = {e.name: finished(e) - before[e.name] for e in self.engines}
+            if len(owners) != 1 or sorted(ran.values()) != [0, 20]:
+                raise Fail(f"the chain did not stay on one engine: {ran}, owners {owners}")
+            status, r, _ = http_json(urls[0] + f"/v1/responses/{previous}")
+            if status != 200 or r.get("id") != previous:
+                raise Fail(f"retrieval through the other instance: {status} {str(r)[:300]}")
+            forged = previous[:-4] + ("AAAA" if not previous.endswith("AAAA") else "BBBB")
+            status, r, _ = http_json(urls[1] + "/v1/responses", "POST",
+                                     {"model": MODEL, "input": "x", "previous_response_id": forged})
+            if status != 400:
+                raise Fail(f"a forged id: {status} {str(r)[:300]}")
+            tools = [{"type": "function", "name": "get_weather",
+                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+            body = {"model": MODEL, "instructions": "Be brief.", "tools": tools, "tool_choice": "none",
+                    "max_output_tokens": 2, "store": False, "input": [
+                        {"role": "user", "content": "Weather in Oslo?"},
+                        {"type": "function_call", "call_id": "c1", "name": "get_weather",
+                         "arguments": '{"city": "Oslo"}'},
+                        {"type": "function_call_output", "call_id": "c1", "output": "4 C"}]}
+            s1, b1, _ = http_json(self.kv.url + "/v1/responses", "POST", body)
+            s2, b2, _ = http_json(self.engines[0].url + "/v1/responses", "POST", body)
+            if s1 != 200 or s2 != 200 or b1["usage"]["input_tokens"] != b2["usage"]["input_tokens"]:
+                raise Fail(f"input_tokens through kvgate {s1} {str(b1)[:200]} vs engine {s2} {str(b2)[:200]}")
+            return {"turns": 20, "owner": owners.pop(), "input_tokens": b1["usage"]["input_tokens"]}
+        finally:
+            other.stop()
 
     # ---- token identity -----------------------------------------------
     def token_identity(self):
@@ -597,6 +656,7 @@ def main():
         suite.check("token_identity", suite.token_identity)
         suite.check("view_is_cache", suite.view_is_cache)
         suite.check("metrics", suite.metrics)
+        suite.check("responses_affinity", suite.responses_affinity)
         suite.check("no_gaps", suite.no_gaps)
         suite.check("kvgate_restart", suite.kvgate_restart)
         suite.check("reset_prefix_cache", suite.reset_prefix_cache)
