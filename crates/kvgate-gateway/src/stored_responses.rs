@@ -97,11 +97,21 @@ async fn by_id(
             )))
         }
     };
-    let body = match read_capped(resp.body, MAX_WHOLE_RESPONSE).await {
-        Ok(b) => b,
-        Err(e) => {
+    // A stored response is already whole; an engine that stops sending it
+    // must not hold the client (and this task) for ever.
+    let read =
+        tokio::time::timeout(fwd.limits.stream_idle, read_capped(resp.body, MAX_WHOLE_RESPONSE));
+    let body = match read.await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => {
             return refuse(&ErrorResponse::bad_gateway(format!(
                 "replica {} failed while answering: {e}",
+                replica.name
+            )))
+        }
+        Err(_) => {
+            return refuse(&ErrorResponse::timeout(format!(
+                "replica {} stopped sending response '{id}'",
                 replica.name
             )))
         }
