@@ -76,3 +76,34 @@ fn a_whole_body_and_an_engine_error_are_rewritten() {
     let out = w.body(br#"{"error":{"message":"Response with id 'resp_gone' not found."}}"#);
     assert!(String::from_utf8(out.to_vec()).unwrap().contains(&client));
 }
+
+#[test]
+fn any_client_text_resolves_to_an_error_or_a_verified_owner_never_a_panic() {
+    let k = key("k");
+    let good = k.issue("r", "resp_1").unwrap();
+    let payload = URL_SAFE_NO_PAD.decode(&good[PREFIX.len()..]).unwrap();
+    // Every truncation and every one-byte change of a valid payload.
+    for n in 0..payload.len() {
+        let cut = format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(&payload[..n]));
+        assert!(k.resolve(&cut).is_err(), "cut at {n}");
+        for bit in 0..8 {
+            let mut p = payload.clone();
+            p[n] ^= 1 << bit;
+            let changed = format!("{PREFIX}{}", URL_SAFE_NO_PAD.encode(&p));
+            assert!(k.resolve(&changed).is_err(), "byte {n} bit {bit}");
+        }
+    }
+    // Text that is not base64, overlong names, and odd bytes.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for len in 0..300 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let text: String = (0..len)
+            .map(|i| char::from(b"resp_AZaz09-+/=%\0\xff"[(x as usize + i) % 18]))
+            .collect();
+        let _ = k.resolve(&text);
+        let _ = k.resolve(&format!("{PREFIX}{text}"));
+    }
+    assert!(k.issue(&"n".repeat(256), "resp_1").is_none(), "a name too long to carry");
+}
