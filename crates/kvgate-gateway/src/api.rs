@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::time::Instant;
+use tracing::Instrument;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -107,32 +108,46 @@ async fn generate(
     body: Bytes,
 ) -> Response {
     let t0 = Instant::now();
-    let label = route.label();
-    let prepared = match route {
-        Route::Chat => prepare::chat(&s.preparer, body).await,
-        Route::Completions => prepare::completions(&s.preparer, body).await,
-        Route::Messages => prepare::messages(&s.preparer, body, unix_now()).await,
-        Route::Responses => prepare::responses(&s.preparer, body).await,
-    };
-    match prepared {
-        Ok(p) => {
-            // One span per request, carrying the decision (filled in by
-            // `forward` once made).
-            let span = tracing::info_span!(
-                "request",
-                route = label,
-                prompt_tokens = p.prompt_tokens,
-                stream = p.stream,
-                replica = tracing::field::Empty,
-                cached_blocks = tracing::field::Empty,
-                predicted_ttft_s = tracing::field::Empty,
-                reason = tracing::field::Empty,
-            );
-            tracing::Instrument::instrument(forward(&s.forwarder, p, &headers, permit, t0), span)
-                .await
+    // One span per request from its arrival, continuing the client's trace;
+    // the decision's fields are filled in by `forward` once made.
+    let span = tracing::info_span!(
+        "request",
+        route = route.label(),
+        trace_id = tracing::field::Empty,
+        prompt_tokens = tracing::field::Empty,
+        stream = tracing::field::Empty,
+        replica = tracing::field::Empty,
+        cached_blocks = tracing::field::Empty,
+        predicted_ttft_s = tracing::field::Empty,
+        reason = tracing::field::Empty,
+        candidates = tracing::field::Empty,
+        runner_up_ttft_s = tracing::field::Empty,
+        ttft_s = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        error = tracing::field::Empty,
+    );
+    crate::trace_context::continue_from(&span, &headers);
+    let request = async move {
+        let prepared = async {
+            match route {
+                Route::Chat => prepare::chat(&s.preparer, body).await,
+                Route::Completions => prepare::completions(&s.preparer, body).await,
+                Route::Messages => prepare::messages(&s.preparer, body, unix_now()).await,
+                Route::Responses => prepare::responses(&s.preparer, body).await,
+            }
+        };
+        let prepared = prepared.instrument(tracing::info_span!("render_and_tokenize")).await;
+        match prepared {
+            Ok(p) => {
+                let span = tracing::Span::current();
+                span.record("prompt_tokens", p.prompt_tokens);
+                span.record("stream", p.stream);
+                forward(&s.forwarder, p, &headers, permit, t0).await
+            }
+            Err(e) => answer(&s.metrics, Some(route), "", &RequestError::new(Reason::Invalid, *e)),
         }
-        Err(e) => answer(&s.metrics, Some(route), "", &RequestError::new(Reason::Invalid, *e)),
-    }
+    };
+    request.instrument(span).await
 }
 
 /// Every pool's model (its served name, then its aliases), then each of

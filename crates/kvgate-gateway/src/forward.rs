@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use axum::body::Body;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -73,7 +74,11 @@ pub(crate) async fn forward(
     loop {
         let placed = match planned.take() {
             Some(r) => Ok(r),
-            None => fwd.placer.place(&p, &mut attempts).await,
+            // The decision, with the admission wait when every replica is busy.
+            None => {
+                let span = tracing::info_span!("decide");
+                fwd.placer.place(&p, &mut attempts).instrument(span).await
+            }
         };
         let routed = match placed {
             Ok(r) => r,
@@ -124,6 +129,18 @@ pub(crate) fn record_decision(replica: &Replica, routed: &Routed) {
     span.record("predicted_ttft_s", routed.predicted_ttft_s);
     if let Some(e) = &routed.explanation {
         span.record("reason", e.reason.label());
+        span.record("candidates", e.candidates.len());
+        // The best predicted TTFT among the replicas not chosen: how close
+        // the decision was.
+        let runner_up = e
+            .candidates
+            .iter()
+            .filter(|c| c.replica != routed.replica)
+            .map(|c| c.predicted_ttft_s)
+            .min_by(f64::total_cmp);
+        if let Some(t) = runner_up {
+            span.record("runner_up_ttft_s", t);
+        }
     }
     tracing::debug!("routed");
 }

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::time::Instant;
+use tracing::Instrument;
 
 use axum::http::{header, HeaderValue};
 use futures_util::StreamExt;
@@ -63,7 +64,20 @@ pub(crate) async fn send_body(
     fwd_headers: &[(header::HeaderName, HeaderValue)],
     body: bytes::Bytes,
 ) -> Result<EngineResponse, RequestError> {
+    let span = tracing::info_span!("send", replica = %replica.name, route = p.route.label());
+    send_in(fwd, p, replica, fwd_headers, body).instrument(span).await
+}
+
+async fn send_in(
+    fwd: &Forwarder,
+    p: &Prepared,
+    replica: &Replica,
+    fwd_headers: &[(header::HeaderName, HeaderValue)],
+    body: bytes::Bytes,
+) -> Result<EngineResponse, RequestError> {
     let mut headers = fwd_headers.to_vec();
+    // The engine's span becomes this hop's child.
+    crate::trace_context::inject_current(&mut headers);
     if let Some(rank) = replica.config.dp_rank {
         // vLLM's server pins the request to this data-parallel engine
         // (`_get_data_parallel_rank` in entrypoints/generate/base/serving.py).

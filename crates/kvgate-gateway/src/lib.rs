@@ -97,6 +97,7 @@ mod supervise;
 mod throttle;
 mod tls;
 mod tls_config;
+mod trace_context;
 mod ttft_ring;
 mod upkeep;
 

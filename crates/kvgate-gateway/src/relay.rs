@@ -82,6 +82,9 @@ pub(crate) struct Relay {
     first_seen: bool,
     done: bool,
     rewriter: Option<Rewriter>,
+    /// The request's span: the stream is polled outside it, so its first
+    /// token and end are recorded on it by hand.
+    span: tracing::Span,
     _permit: InflightPermit,
 }
 
@@ -121,6 +124,7 @@ impl Relay {
             first_seen: false,
             done: false,
             rewriter,
+            span: tracing::Span::current(),
             _permit: permit,
         }
     }
@@ -201,7 +205,9 @@ impl Relay {
             if let Some(b) = self.booking.as_ref() {
                 b.first_token(now);
             }
-            self.metrics.ttft(self.route, now.saturating_duration_since(self.t0).as_secs_f64());
+            let ttft = now.saturating_duration_since(self.t0).as_secs_f64();
+            self.metrics.ttft(self.route, ttft);
+            self.span.record("ttft_s", ttft);
         }
     }
 
@@ -212,6 +218,15 @@ impl Relay {
             b.finish(outcome);
         }
         self.metrics.e2e(self.route, self.t0.elapsed().as_secs_f64());
+        let label = match outcome {
+            Outcome::Finished => "finished",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Error => "error",
+        };
+        self.span.record("outcome", label);
+        if let Some(e) = &error {
+            self.span.record("error", e.reason.label());
+        }
         // A line the rewriter still holds goes out before anything else.
         let held = self.rewriter.as_mut().map(Rewriter::flush).unwrap_or_default();
         let Some(RequestError { reason, body: e, .. }) = error else { return held };

@@ -40,6 +40,8 @@ pub(crate) fn answer(
     e: &RequestError,
 ) -> Response {
     count(metrics, label(route), replica, e);
+    // On the request's span (and its exported trace), with its kind.
+    tracing::Span::current().record("error", e.reason.label());
     let r = error_response_in(api(route), &e.body);
     match e.retry_after {
         Some(after) => with_retry_after(r, after),

@@ -13,8 +13,39 @@ pub(crate) struct Cli {
     /// Defaults to `RUST_LOG`, then `info`. Logs go to stderr.
     #[arg(long, global = true)]
     pub(crate) log: Option<String>,
+    /// Log line format: `text`, or `json` (one object per line, with the
+    /// fields of every span it is logged in: a request's `trace_id` among
+    /// them). Also `KVGATE_LOG_FORMAT`.
+    #[arg(long, global = true, value_enum, env = "KVGATE_LOG_FORMAT", default_value = "text")]
+    pub(crate) log_format: LogFormat,
+    /// Export kvgate's spans over OTLP to this collector (e.g.
+    /// `http://localhost:4318` for HTTP, `http://localhost:4317` for gRPC).
+    /// Off by default; also on when `OTEL_EXPORTER_OTLP_ENDPOINT` or
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set. `OTEL_SERVICE_NAME`
+    /// (default `kvgate`) and `OTEL_TRACES_SAMPLER`/`_ARG` apply.
+    #[arg(long, global = true, value_name = "URL")]
+    pub(crate) otlp_endpoint: Option<String>,
+    /// OTLP transport: `grpc` or `http/protobuf`. Defaults to
+    /// `OTEL_EXPORTER_OTLP_PROTOCOL`, then `http/protobuf`.
+    #[arg(long, global = true, value_enum)]
+    pub(crate) otlp_protocol: Option<OtlpProtocol>,
     #[command(subcommand)]
     pub(crate) command: Command,
+}
+
+/// `--log-format`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `--otlp-protocol`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum OtlpProtocol {
+    Grpc,
+    #[value(name = "http/protobuf")]
+    HttpProtobuf,
 }
 
 #[derive(Debug, Subcommand)]

@@ -10,6 +10,7 @@ mod replay_live;
 mod replay_suite;
 mod serve_cmd;
 mod sim_cmd;
+mod telemetry;
 mod tokenize_cmd;
 
 use clap::Parser;
@@ -40,7 +41,12 @@ fn run() -> anyhow::Result<()> {
         std::env::set_var("FASTOKENS_BPE_THREADS", "1");
     }
     let cli = with_config_file(cli::Cli::parse())?;
-    init_logging(cli.log.as_deref());
+    let _telemetry = telemetry::init(&telemetry::Options {
+        filter: cli.log.as_deref(),
+        format: cli.log_format,
+        otlp_endpoint: cli.otlp_endpoint.as_deref(),
+        otlp_protocol: cli.otlp_protocol,
+    })?;
     // Long-running commands give freed memory back when they go quiet
     // (kvgate-alloc: mimalloc purges only while something allocates).
     // (`serve` takes its period from its config: `memory_release_ms`.)
@@ -102,16 +108,4 @@ fn with_config_file(cli: cli::Cli) -> anyhow::Result<cli::Cli> {
     let Some(at) = argv.iter().position(|a| a == "sim") else { return Ok(cli) };
     let expanded = config_file::expand(&argv, at, file_flags);
     cli::Cli::try_parse_from(expanded).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-}
-
-/// Logs go to stderr so that stdout stays machine-readable (`--json`).
-fn init_logging(filter: Option<&str>) {
-    let filter = filter
-        .map(str::to_owned)
-        .or_else(|| std::env::var("RUST_LOG").ok())
-        .unwrap_or_else(|| "info".to_owned());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .try_init();
 }

@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-use support::{client, spawn_serve, spawn_sim, wait_ready};
+use serde_json::Value;
+use support::{chat_ok, client, spawn_serve, spawn_sim, wait_ready};
 
 mod support;
 
@@ -109,20 +109,7 @@ async fn dashboard_and_alerts_read_series_that_exist() {
     wait_ready(&serve.base).await;
     let prompt = "The dashboard reads what kvgate exports. ".repeat(20);
     for stream in [false, true] {
-        let body = json!({
-            "model": "Qwen/Qwen3-0.6B",
-            "messages": [{"role": "user", "content": prompt}],
-            "max_tokens": 4,
-            "stream": stream,
-        });
-        let r = client()
-            .post(format!("{}/v1/chat/completions", serve.base))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        r.bytes().await.unwrap();
+        chat_ok(&serve.base, &prompt, stream, &[]).await;
     }
     // The engine's counters reach kvgate on its next scrape.
     let t0 = Instant::now();

@@ -300,3 +300,21 @@ pub async fn exchange(req: reqwest::RequestBuilder) -> (u16, String, String) {
         .map_or(String::new(), |v| v.to_str().unwrap().to_owned());
     (status, replica, r.text().await.unwrap())
 }
+
+/// Sends a short chat completion to `base` with `headers` and reads the
+/// whole answer, which must be a 200.
+pub async fn chat_ok(base: &str, content: &str, stream: bool, headers: &[(&str, String)]) {
+    let body = serde_json::json!({
+        "model": "Qwen/Qwen3-0.6B",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 4,
+        "stream": stream,
+    });
+    let mut req = client().post(format!("{base}/v1/chat/completions")).json(&body);
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    let r = req.send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+}
