@@ -25,13 +25,16 @@ use crate::request_error::{Reason, RequestError};
 /// The replica named `owner` when it can serve a request for a response
 /// it holds (`what`, e.g. "previous_response_id 'resp_…'"), in pool
 /// `pool` if given; otherwise the error that says why the state is out of
-/// reach (boxed: it is large and travels in a `Result`).
+/// reach (boxed: it is large and travels in a `Result`). A draining owner
+/// still answers reads (`read_only`: a GET or a cancel, no new work) but
+/// takes no new turn.
 pub(crate) fn owner(
     replicas: &Directory,
     fleet: &FleetHandle,
     owner: &str,
     pool: Option<PoolId>,
     what: &str,
+    read_only: bool,
 ) -> Result<std::sync::Arc<Replica>, Box<RequestError>> {
     let gone = |why: String| {
         let e = ErrorResponse::not_found(format!(
@@ -51,6 +54,7 @@ pub(crate) fn owner(
             ));
             Err(Box::new(RequestError::new(Reason::Invalid, e)))
         }
+        Reachable::Draining(_) if read_only => Ok(replica),
         Reachable::Draining(_) => Err(gone("is being drained".into())),
         Reachable::Gone => Err(gone("is no longer in this fleet".into())),
         Reachable::Down(_, error) => {

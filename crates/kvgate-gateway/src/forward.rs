@@ -49,7 +49,7 @@ pub(crate) async fn forward(
     // or nowhere: every other replica is excluded.
     if let Some(c) = &p.continues {
         let what = format!("previous_response_id '{}'", c.client_id);
-        match conversation::owner(&fwd.replicas, &fwd.fleet, &c.owner, Some(p.pool), &what) {
+        match conversation::owner(&fwd.replicas, &fwd.fleet, &c.owner, Some(p.pool), &what, false) {
             Ok(owner) => exclude.extend(conversation::all_but(&fwd.replicas, owner.id)),
             Err(e) => return answer(&fwd.metrics, route, &c.owner, &e),
         }

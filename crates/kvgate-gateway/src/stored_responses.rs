@@ -66,7 +66,8 @@ async fn by_id(
         }
     };
     let what = format!("response '{id}'");
-    let replica = match conversation::owner(&fwd.replicas, &fwd.fleet, &owned.owner, None, &what) {
+    let owner = conversation::owner(&fwd.replicas, &fwd.fleet, &owned.owner, None, &what, true);
+    let replica = match owner {
         Ok(r) => r,
         Err(e) => {
             let r = error_response_in(Api::Responses, &e.body);

@@ -7,7 +7,8 @@
 //! holds the conversation (the engines' own request counts say so); GET and
 //! cancel by id reach that replica through the other instance; forged ids
 //! are refused and never sent anywhere; streams keep vLLM's event shapes
-//! with the ids rewritten; a drained owner means the state is gone.
+//! with the ids rewritten; a drained owner means the state is gone for a
+//! new turn, while its responses can still be read.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -194,4 +195,8 @@ async fn a_conversation_stays_on_its_replica_through_any_instance() {
     let (status, _, text) = post(&format!("{base_a}/v1/responses"), &body).await;
     assert_eq!(status, 404, "{text}");
     assert!(text.contains("state is gone"), "{text}");
+    // Reads still reach a draining owner: it holds the response and
+    // takes no new work from them.
+    let (status, replica, text) = send(client().get(format!("{base_a}/v1/responses/{last}"))).await;
+    assert_eq!((status, replica.as_str()), (200, owner.as_str()), "{text}");
 }
