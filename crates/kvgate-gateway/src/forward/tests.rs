@@ -715,3 +715,26 @@ async fn a_broken_responses_stream_ends_with_a_responses_error_event_and_rewritt
     assert!(last.starts_with("event: error\ndata: "), "{last}");
     assert!(last.contains("\"sequence_number\":2"), "{last}");
 }
+
+#[tokio::test]
+async fn a_continued_turn_whose_owner_is_out_of_rotation_is_told_to_come_back() {
+    // No probe brings the owner back during the test.
+    let (api, fake) = gateway(&["a:1", "b:2"], |c| c.monitor.health_interval_ms = 60_000).await;
+    let model = api.pools.all()[0].model.served_name.clone();
+    let previous = api.forwarder.affinity.issue("http://b:2", "resp_engine1").expect("id");
+    let body =
+        serde_json::json!({"model": model, "input": "next", "previous_response_id": previous});
+    // The owner refuses the connection: out of rotation at once, and the
+    // turn is not sent to `a`.
+    fake.next([Answer::Refuse]);
+    let (status, _, _) = respond_to(&api, body.clone()).await;
+    assert_eq!(status, 502);
+    assert_eq!(health(&api, "b:2"), Health::Down);
+    // The next turn: a 503 that asks to come back, and no engine asked.
+    let (status, headers, text) = respond_to(&api, body).await;
+    assert_eq!(status, 503, "{text}");
+    assert!(headers.contains_key("retry-after"), "{headers:?}");
+    assert!(text.contains("out of rotation"), "{text}");
+    assert!(fake.seen().iter().all(|s| s.engine == "b:2"), "{:?}", fake.seen());
+    assert_eq!(fake.seen().len(), 1);
+}
