@@ -16,6 +16,7 @@ FILES=(
   vllm/v1/core/kv_cache_utils.py
   vllm/v1/kv_offload/base.py
   vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py
+  vllm/v1/metrics/loggers.py
 )
 
 have_all() {

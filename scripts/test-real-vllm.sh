@@ -40,4 +40,11 @@ bash scripts/real-vllm.sh install || rc=$?
 echo "real-engine suite: engine installed or reused in $((SECONDS - t0)) s"
 [ -x "$KVGATE_BIN" ] || cargo build -p kvgate
 PY="$(bash scripts/real-vllm.sh env | sed -n 's/^PYTHON=//p')"
-exec "$PY" tests/real_vllm/suite.py --kvgate "$KVGATE_BIN" "${ARGS[@]}"
+rc=0
+"$PY" tests/real_vllm/suite.py --kvgate "$KVGATE_BIN" "${ARGS[@]}" || rc=$?
+# One request traced from a client span through kvgate into a real engine
+# (OTLP to a receiver built from OpenTelemetry's own protobuf definitions).
+if [ ${#ARGS[@]} -eq 0 ]; then
+  "$PY" tests/real_vllm/trace.py --kvgate "$KVGATE_BIN" || rc=$?
+fi
+exit "$rc"

@@ -42,16 +42,47 @@ fn series_in(expr: &str) -> Vec<String> {
     out
 }
 
-/// Every query of the dashboard, with its panel's title.
+/// vLLM 0.33's own Prometheus code (`scripts/fetch-vllm-code.sh`): the
+/// `vllm:` series the dashboard reads must be ones it defines, not only ones
+/// the simulator exports.
+fn vllm_metrics_code() -> String {
+    let code = std::env::var_os("KVGATE_VLLM_CODE").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.cache/vllm-0.33.0"),
+        PathBuf::from,
+    );
+    let file = code.join("vllm/v1/metrics/loggers.py");
+    std::fs::read_to_string(&file).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}: run `bash scripts/fetch-vllm-code.sh` (scripts/test.sh does)",
+            file.display()
+        )
+    })
+}
+
+/// Every query of the dashboard, with its panel's title; the dashboard is
+/// Grafana's model: a schema version, a Prometheus data-source variable
+/// that every panel and query uses, and panels with grid positions.
 fn dashboard_queries() -> Vec<(String, String)> {
     let d: Value = serde_json::from_str(&deploy("grafana/kvgate.json")).unwrap();
     assert_eq!(d["uid"], "kvgate");
+    assert!(d["schemaVersion"].as_u64().is_some_and(|v| v >= 30), "schemaVersion");
+    let vars = d["templating"]["list"].as_array().unwrap();
+    let ds = vars.iter().find(|v| v["type"] == "datasource").expect("a data-source variable");
+    assert_eq!(ds["query"], "prometheus");
+    let ds_ref = format!("${{{}}}", ds["name"].as_str().unwrap());
+    for v in vars.iter().filter(|v| v["type"] == "query") {
+        assert_eq!(v["datasource"]["uid"], ds_ref.as_str(), "variable {}", v["name"]);
+    }
     let mut out = Vec::new();
     for p in d["panels"].as_array().unwrap() {
         if p["type"] == "row" {
             continue;
         }
         let title = p["title"].as_str().unwrap().to_owned();
+        assert_eq!(p["datasource"]["uid"], ds_ref.as_str(), "{title}");
+        for k in ["h", "w", "x", "y"] {
+            assert!(p["gridPos"][k].as_u64().is_some(), "{title}: gridPos.{k}");
+        }
         assert!(
             p["description"].as_str().is_some_and(|s| !s.is_empty()),
             "{title}: no description"
@@ -59,6 +90,7 @@ fn dashboard_queries() -> Vec<(String, String)> {
         let targets = p["targets"].as_array().unwrap();
         assert!(!targets.is_empty(), "{title}: no query");
         for t in targets {
+            assert_eq!(t["datasource"]["uid"], ds_ref.as_str(), "{title}");
             out.push((title.clone(), t["expr"].as_str().unwrap().to_owned()));
         }
     }
@@ -128,4 +160,19 @@ async fn dashboard_and_alerts_read_series_that_exist() {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert!(missing.is_empty(), "series no one exports: {missing:?}\nexported: {have:?}");
+    // vLLM names its series without the `_total`, `_bucket`, `_sum` and
+    // `_count` suffixes its client library adds.
+    let vllm = vllm_metrics_code();
+    for (who, q) in &queries {
+        for s in series_in(q).into_iter().filter(|s| s.starts_with("vllm:")) {
+            let base = ["_total", "_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| s.strip_suffix(suffix))
+                .unwrap_or(&s);
+            assert!(
+                vllm.contains(&format!("\"{base}\"")),
+                "{who}: {s} is not defined by vLLM 0.33"
+            );
+        }
+    }
 }
