@@ -36,6 +36,9 @@ TRANSFORMERS_VERSION="5.20.2"
 TOKENIZERS_VERSION="0.23.3"
 JINJA2_VERSION="3.1.6"
 KUBERNETES_VALIDATE_VERSION="1.37.0"
+# The official SDKs, driven through kvgate by tests/py/sdk/ (tests/sdk_clients.rs).
+OPENAI_VERSION="3.63.0"
+ANTHROPIC_VERSION="2.17.0"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.cache/venv"
@@ -51,7 +54,7 @@ have_pins() {
   [ -x "$PY_BIN" ] || return 1
   "$PY_BIN" - "$PYZMQ_VERSION" "$MSGSPEC_VERSION" \
     "$TRANSFORMERS_VERSION" "$TOKENIZERS_VERSION" "$JINJA2_VERSION" \
-    "$KUBERNETES_VALIDATE_VERSION" <<'EOF' >/dev/null 2>&1
+    "$KUBERNETES_VALIDATE_VERSION" "$OPENAI_VERSION" "$ANTHROPIC_VERSION" <<'EOF' >/dev/null 2>&1
 import sys
 from importlib.metadata import version
 import msgspec
@@ -59,11 +62,12 @@ import zmq
 ok = zmq.__version__ == sys.argv[1] and msgspec.__version__ == sys.argv[2]
 ok = ok and [version(p) for p in ("transformers", "tokenizers", "jinja2")] == sys.argv[3:6]
 ok = ok and version("kubernetes-validate") == sys.argv[6]
+ok = ok and [version(p) for p in ("openai", "anthropic")] == sys.argv[7:9]
 sys.exit(0 if ok else 1)
 EOF
 }
 
-PINS_DESC="pyzmq==$PYZMQ_VERSION msgspec==$MSGSPEC_VERSION transformers==$TRANSFORMERS_VERSION tokenizers==$TOKENIZERS_VERSION jinja2==$JINJA2_VERSION kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+PINS_DESC="pyzmq==$PYZMQ_VERSION msgspec==$MSGSPEC_VERSION transformers==$TRANSFORMERS_VERSION tokenizers==$TOKENIZERS_VERSION jinja2==$JINJA2_VERSION kubernetes-validate==$KUBERNETES_VALIDATE_VERSION openai==$OPENAI_VERSION anthropic==$ANTHROPIC_VERSION"
 
 if have_pins; then
   log "$PINS_DESC already present in $VENV"
@@ -83,7 +87,8 @@ EOF
 mkdir -p "$ROOT/.cache"
 PKGS=("pyzmq==$PYZMQ_VERSION" "msgspec==$MSGSPEC_VERSION"
       "transformers==$TRANSFORMERS_VERSION" "tokenizers==$TOKENIZERS_VERSION" "jinja2==$JINJA2_VERSION"
-      "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION")
+      "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+      "openai==$OPENAI_VERSION" "anthropic==$ANTHROPIC_VERSION")
 PIP_FLAGS=(--disable-pip-version-check --no-input --quiet)
 
 # site-packages directory of the python at $1 (a venv python).
