@@ -21,7 +21,10 @@ fn python() -> PathBuf {
     let python = std::env::var_os("KVGATE_TEST_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join(".cache/venv/bin/python"));
-    assert!(python.exists(), "run `bash scripts/setup-test-env.sh` (the README's test command does)");
+    assert!(
+        python.exists(),
+        "run `bash scripts/setup-test-env.sh` (the README's test command does)"
+    );
     python
 }
 
@@ -36,11 +39,8 @@ fn run_script(script: &str, bases: &[&str], engines: &[&str]) {
         cmd.args(["--engine", e]);
     }
     let out = cmd.output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "{script} failed:\n{text}");
     assert!(text.lines().any(|l| l == "ok"), "{script} did not finish:\n{text}");
 }
@@ -49,7 +49,8 @@ fn run_script(script: &str, bases: &[&str], engines: &[&str]) {
 async fn the_official_sdks_run_their_conversations_through_two_instances() {
     let sims = [spawn_sim(None, false, &[]), spawn_sim(None, false, &[])];
     let key = ["--affinity-key", "a-key-the-instances-share-0123456789"];
-    let serves = [spawn_serve(&[&sims[0], &sims[1]], &key), spawn_serve(&[&sims[0], &sims[1]], &key)];
+    let serves =
+        [spawn_serve(&[&sims[0], &sims[1]], &key), spawn_serve(&[&sims[0], &sims[1]], &key)];
     for s in &serves {
         wait_ready(&s.base).await;
     }
