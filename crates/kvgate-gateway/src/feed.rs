@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use kvgate_events::subscriber::{Subscriber, SubscriberConfig, Update};
 use tokio::sync::mpsc;
@@ -29,13 +30,30 @@ pub(crate) async fn run(fleet: Arc<FleetHandle>, replica: Arc<Replica>) -> Resul
         };
         sub.run(shutdown).await
     });
+    // A replay's span runs from the gap to the replayed batches.
+    let mut replaying: Option<tracing::Span> = None;
     while let Some(update) = rx.recv().await {
         let clears = matches!(update, Update::Reset { .. } | Update::DecodeError { .. });
-        apply(&fleet, &replica, update);
+        match &update {
+            Update::Gap { from, to } => {
+                let span = tracing::info_span!("feed_replay", replica = %replica.name, from, to, batches = tracing::field::Empty);
+                replaying = Some(span);
+            }
+            Update::Replayed { count, .. } => {
+                if let Some(span) = replaying.take() {
+                    span.record("batches", count);
+                }
+            }
+            _ => {}
+        }
         if clears {
             // This task applies the replica's events, so none interleave
             // with the clear; other replicas' events and routing do.
-            finish_clear(&fleet, replica.id).await;
+            let span = tracing::info_span!("feed_reset", replica = %replica.name, cleared = tracing::field::Empty);
+            span.in_scope(|| apply(&fleet, &replica, update));
+            finish_clear(&fleet, replica.id).instrument(span).await;
+        } else {
+            apply(&fleet, &replica, update);
         }
     }
     // The channel closes when the subscriber ends, for whatever reason.
@@ -78,6 +96,7 @@ fn apply(fleet: &FleetHandle, replica: &Replica, update: Update) {
         Update::Reset { reason } => {
             let why = format!("view reset: {reason}");
             let cleared = fleet.with(|f| f.view_lost(id, why, now));
+            tracing::Span::current().record("cleared", cleared);
             tracing::warn!(replica = %replica.name, %reason, cleared, "KV view reset");
         }
         Update::Degraded { reason } => {
@@ -94,6 +113,7 @@ fn apply(fleet: &FleetHandle, replica: &Replica, update: Update) {
                 f.problem(id, problem);
                 f.view_lost(id, why, now)
             });
+            tracing::Span::current().record("cleared", cleared);
             tracing::warn!(replica = %replica.name, seq, %error, cleared, "undecodable event batch; view reset");
         }
         Update::Gap { from, to } => {

@@ -123,7 +123,12 @@ pub(crate) async fn forward(
 
 /// The decision, on the request's span.
 pub(crate) fn record_decision(replica: &Replica, routed: &Routed) {
-    let span = tracing::Span::current();
+    record_decision_on(&tracing::Span::current(), replica, routed);
+    tracing::debug!("routed");
+}
+
+/// The decision, on `span`.
+pub(crate) fn record_decision_on(span: &tracing::Span, replica: &Replica, routed: &Routed) {
     span.record("replica", replica.name.as_str());
     span.record("cached_blocks", routed.cached_blocks);
     span.record("predicted_ttft_s", routed.predicted_ttft_s);
@@ -142,7 +147,6 @@ pub(crate) fn record_decision(replica: &Replica, routed: &Routed) {
             span.record("runner_up_ttft_s", t);
         }
     }
-    tracing::debug!("routed");
 }
 
 fn response_headers(fwd: &Forwarder, replica: &Replica, upstream: &HeaderMap) -> HeaderMap {

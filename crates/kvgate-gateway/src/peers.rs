@@ -25,6 +25,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tracing::Instrument;
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -110,6 +111,7 @@ fn unix_ms() -> u64 {
 }
 
 /// `POST /peer/v1/changes`: a peer's batch, applied in order.
+#[tracing::instrument(level = "debug", name = "peer_receive", skip_all)]
 pub(crate) async fn receive(
     State(s): State<Arc<PeerContext>>,
     client: Option<axum::Extension<ClientAddr>>,
@@ -356,6 +358,7 @@ async fn send_loop(
             .timeout(timeout)
             .body(body)
             .send()
+            .instrument(tracing::debug_span!("peer_send", %url))
             .await;
         let reply = match sent {
             Ok(r) if r.status().is_success() => r.json::<WireReply>().await.ok(),

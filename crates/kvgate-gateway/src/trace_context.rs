@@ -74,6 +74,20 @@ pub(crate) fn inject_current(headers: &mut Vec<(HeaderName, HeaderValue)>) {
     });
 }
 
+/// The W3C headers naming `span` as the parent, when it carries an
+/// exported context (the endpoint picker sets them on the request Envoy
+/// sends on).
+pub(crate) fn headers_for(span: &tracing::Span) -> Vec<(HeaderName, HeaderValue)> {
+    let cx = span.context();
+    let mut out = Vec::new();
+    if cx.span().span_context().is_valid() {
+        opentelemetry::global::get_text_map_propagator(|p| {
+            p.inject_context(&cx, &mut Outgoing(&mut out));
+        });
+    }
+    out
+}
+
 /// The trace id of a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`),
 /// if it is well formed and not all zeros.
 fn trace_id_of(traceparent: &str) -> Option<&str> {

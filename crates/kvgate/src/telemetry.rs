@@ -17,6 +17,8 @@ use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
+use tracing::Level;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
@@ -67,8 +69,10 @@ pub(crate) fn init(o: &Options<'_>) -> anyhow::Result<Telemetry> {
     // JSON lines carry every enclosing span's fields: a request's trace id
     // is on each line logged while it is served.
     let fmt = match o.format {
-        LogFormat::Text => fmt.boxed(),
-        LogFormat::Json => fmt.json().with_current_span(false).with_span_list(true).boxed(),
+        LogFormat::Text => fmt.with_filter(filter).boxed(),
+        LogFormat::Json => {
+            fmt.json().with_current_span(false).with_span_list(true).with_filter(filter).boxed()
+        }
     };
     let (otel, telemetry) = match endpoint(o) {
         None => (None, Telemetry { provider: None, runtime: None }),
@@ -78,12 +82,25 @@ pub(crate) fn init(o: &Options<'_>) -> anyhow::Result<Telemetry> {
             opentelemetry::global::set_text_map_propagator(
                 opentelemetry_sdk::propagation::TraceContextPropagator::new(),
             );
-            let layer = tracing_opentelemetry::layer().with_tracer(tracer);
+            // Its own filter: kvgate's spans are exported whatever `--log`
+            // keeps quiet (info: the request path, feed replays and resets).
+            let spans = Targets::new()
+                .with_target("kvgate", Level::INFO)
+                .with_target("kvgate_gateway", Level::INFO);
+            // Source locations, thread names and busy/idle timings would be
+            // strings and counters on every span of every request: left out.
+            let layer = tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_location(false)
+                .with_threads(false)
+                .with_tracked_inactivity(false)
+                .with_target(false)
+                .with_filter(spans);
             (Some(layer), Telemetry { provider: Some(provider), runtime: Some(runtime) })
         }
     };
     // A second init (tests) keeps the first subscriber.
-    let _ = tracing_subscriber::registry().with(filter).with(fmt).with(otel).try_init();
+    let _ = tracing_subscriber::registry().with(fmt).with(otel).try_init();
     Ok(telemetry)
 }
 

@@ -22,6 +22,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
+use tracing::Instrument;
 
 use bytes::{Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::Metadata;
@@ -296,8 +297,33 @@ impl Exchange {
             let e = ErrorResponse::authentication("invalid or missing API key");
             return vec![self.refuse(route, RequestError::new(Reason::Unauthorized, e))];
         }
+        // One span per pick, continuing the client's trace from the headers
+        // Envoy passes on; the engine's span becomes its child through the
+        // header set on the request Envoy forwards.
+        let span = tracing::info_span!(
+            "pick",
+            route = label,
+            trace_id = tracing::field::Empty,
+            prompt_tokens = tracing::field::Empty,
+            replica = tracing::field::Empty,
+            cached_blocks = tracing::field::Empty,
+            predicted_ttft_s = tracing::field::Empty,
+            reason = tracing::field::Empty,
+            candidates = tracing::field::Empty,
+            runner_up_ttft_s = tracing::field::Empty,
+        );
+        let mut trace_headers = axum::http::HeaderMap::new();
+        for name in ["traceparent", "tracestate"] {
+            if let Some(v) = wire::header_str(&headers, name)
+                .and_then(|v| axum::http::HeaderValue::from_str(v).ok())
+            {
+                trace_headers.insert(name, v);
+            }
+        }
+        crate::trace_context::continue_from(&span, &trace_headers);
         let body = std::mem::take(&mut self.body).freeze();
-        let prepared = match route {
+        let prepare = async {
+            match route {
             Some(Route::Chat) => prepare::chat(&ctx.preparer, body).await,
             Some(Route::Completions) => prepare::completions(&ctx.preparer, body).await,
             Some(Route::Messages) => {
@@ -311,7 +337,10 @@ impl Exchange {
                  rewrite its response ids to keep conversations on their replica",
             ))),
             None => Ok(unkeyed(body)),
+            }
         };
+        let prepared =
+            prepare.instrument(tracing::info_span!(parent: &span, "render_and_tokenize")).await;
         let p = match prepared {
             Ok(p) => p,
             Err(e) => return vec![self.refuse(route, RequestError::new(Reason::Invalid, *e))],
@@ -329,7 +358,8 @@ impl Exchange {
         }
         let mut attempts = Attempts::new(&ctx.placer, p.pool, exclude);
         let (routed, replica) = loop {
-            let routed = match ctx.placer.place(&p, &mut attempts).await {
+            let decide = tracing::info_span!(parent: &span, "decide");
+            let routed = match ctx.placer.place(&p, &mut attempts).instrument(decide).await {
                 Ok(r) => r,
                 Err(e) => return vec![self.refuse(route, e)],
             };
@@ -369,7 +399,13 @@ impl Exchange {
             }
             None => {}
         }
-        tracing::debug!(replica = %replica.name, cached_blocks = routed.cached_blocks, endpoints = %endpoints, "picked");
+        span.record("prompt_tokens", p.prompt_tokens);
+        crate::forward::record_decision_on(&span, &replica, &routed);
+        let trace = crate::trace_context::headers_for(&span);
+        for (name, value) in &trace {
+            set.push((name.as_str(), value.as_bytes().to_vec()));
+        }
+        tracing::debug!(parent: &span, replica = %replica.name, cached_blocks = routed.cached_blocks, endpoints = %endpoints, "picked");
         let mut replies = vec![wire::routed_headers(&endpoints, &set, &remove)];
         ctx.metrics.epp_pick(self.t0.elapsed().as_secs_f64());
         if !headers.end_of_stream {
