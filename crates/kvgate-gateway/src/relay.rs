@@ -201,7 +201,7 @@ impl Relay {
         }
         if !self.first_seen && (output || self.tap.has_output()) {
             self.first_seen = true;
-            let now = Instant::now();
+            let now = now();
             if let Some(b) = self.booking.as_ref() {
                 b.first_token(now);
             }
@@ -217,7 +217,7 @@ impl Relay {
         if let Some(b) = self.booking.take() {
             b.finish(outcome);
         }
-        self.metrics.e2e(self.route, self.t0.elapsed().as_secs_f64());
+        self.metrics.e2e(self.route, now().saturating_duration_since(self.t0).as_secs_f64());
         let label = match outcome {
             Outcome::Finished => "finished",
             Outcome::Cancelled => "cancelled",
@@ -234,7 +234,7 @@ impl Relay {
         // A stalled or broken engine stream counts against the replica like
         // a failed request: enough in a row take it out of rotation.
         let error = e.error.message.clone();
-        self.fleet.failed(self.replica.id, error, Failure::Error, Instant::now());
+        self.fleet.failed(self.replica.id, error, Failure::Error, now());
         let reason = reason.label();
         tracing::warn!(replica = %self.replica.name, reason, error = %e.error.message, "stream ended with an error");
         let mut out = held.to_vec();
@@ -262,6 +262,16 @@ impl Drop for Relay {
             self.metrics.count(Reason::ClientDisconnect);
         }
     }
+}
+
+/// Now, on tokio's clock, which the stall timer's sleep waits on. In a
+/// running gateway it is `Instant::now()`; under a paused test clock the
+/// stall check, TTFT and the request's duration follow virtual time with
+/// it. Read from `std`, the check after the sleep fired saw a deadline not
+/// yet reached, re-armed the sleep for that deadline (already past on the
+/// paused clock) and spun until real time caught up (`relay/tests.rs`).
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
 }
 
 /// Why the upstream stream ended.
@@ -385,7 +395,7 @@ impl RelayStream {
     /// Chunks are going out: the stall limit counts from now.
     fn touch(&mut self) {
         if let Some((_, last)) = &mut self.stall {
-            *last = Instant::now();
+            *last = now();
         }
     }
 
@@ -393,13 +403,13 @@ impl RelayStream {
     fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let idle = self.relay.idle;
         let (sleep, last) = self.stall.get_or_insert_with(|| {
-            let now = Instant::now();
+            let now = now();
             (Box::pin(tokio::time::sleep_until((now + idle).into())), now)
         });
         loop {
             ready!(sleep.as_mut().poll(cx));
             let due = *last + idle;
-            if Instant::now() >= due {
+            if now() >= due {
                 return Poll::Ready(());
             }
             // Chunks came since it was armed: wait the rest of the limit.
@@ -407,3 +417,6 @@ impl RelayStream {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
