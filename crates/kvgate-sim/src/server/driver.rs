@@ -224,7 +224,7 @@ fn handle(
 
 /// Hands the engine's counters to `/metrics`, and with LoRA on its running
 /// and waiting adapters (for `vllm:lora_requests_info`, stamped now).
-fn report(engine: &Engine, metrics: &Metrics) {
+pub(crate) fn report(engine: &Engine, metrics: &Metrics) {
     metrics.set_stats(engine.stats());
     if metrics.lora_enabled() {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());

@@ -334,6 +334,10 @@ pub async fn start(
         if config.kv_transfer.is_some() {
             metrics.enable_kv_transfer();
         }
+        // Counters as of start-up (the static adapters' loads) before the
+        // server answers: the driver task may not have run by the first
+        // scrape.
+        driver::report(&engine, &metrics);
         let (tx, rx) = mpsc::unbounded_channel();
         // vLLM stamps a DP engine's batches with its rank.
         let dp_rank = (size > 1).then_some(rank);
