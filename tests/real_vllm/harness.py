@@ -139,12 +139,12 @@ class Engine:
     def spec(self, block_size=32):
         return f"{self.url},events={self.pub},replay={self.replay},block_size={block_size},name={self.name}"
 
-    def start(self):
+    def start(self, env=None):
         self.proc = self.procs.start(
             self.name, ["bash", os.path.join(ROOT, "scripts/real-vllm.sh"), "serve", "--port", str(self.port)],
             # The Responses API's store (previous_response_id, GET by id):
             # off by default in vLLM; the suite's engines are short-lived.
-            env={"REAL_VLLM_CPU": str(self.cpu), "VLLM_ENABLE_RESPONSES_API_STORE": "1"})
+            env={"REAL_VLLM_CPU": str(self.cpu), "VLLM_ENABLE_RESPONSES_API_STORE": "1", **(env or {})})
 
     def healthy(self):
         try:
@@ -170,12 +170,12 @@ class Kvgate:
         self.admin = f"http://127.0.0.1:{port + 1}"
         self.proc = None
 
-    def start(self):
+    def start(self, env=None):
         argv = [self.binary, "serve", "--listen", f"127.0.0.1:{self.port}",
                 "--admin-listen", f"127.0.0.1:{self.port + 1}", "--served-model-name", MODEL]
         for s in self.specs:
             argv += ["--replica", s]
-        self.proc = self.procs.start(self.name, argv + self.extra, env={"RUST_LOG": "info"})
+        self.proc = self.procs.start(self.name, argv + self.extra, env={"RUST_LOG": "info", **(env or {})})
 
     def wait_ready(self, timeout=120):
         wait_http(self.url + "/ready", timeout, self.proc, self.name)

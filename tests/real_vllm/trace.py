@@ -29,7 +29,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import MODEL, ROOT, Fail, Kvgate, Procs, http_json, wait_http  # noqa: E402
+from harness import MODEL, ROOT, Engine, Fail, Kvgate, Procs, http_json  # noqa: E402
 
 
 class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
@@ -110,21 +110,13 @@ def main():
     # Short batch delays: the spans arrive within a second of the request.
     quick = {"OTEL_BSP_SCHEDULE_DELAY": "200", "OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true"}
     try:
-        port = free_port(3)
-        engine_url = f"http://127.0.0.1:{port}"
-        engine = procs.start("trace-engine", ["bash", os.path.join(ROOT, "scripts/real-vllm.sh"), "serve",
-                                              "--port", str(port)],
-                             env={"REAL_VLLM_CPU": "0", "REAL_VLLM_EXTRA_ARGS": f"--otlp-traces-endpoint {otlp}",
-                                  "OTEL_SERVICE_NAME": "vllm", **quick})
-        wait_http(engine_url + "/health", 300, engine, "the traced engine")
-        kport = free_port(2)
-        spec = f"{engine_url},events=tcp://127.0.0.1:{port + 1},replay=tcp://127.0.0.1:{port + 2}," \
-               f"block_size=32,name=engine-0"
-        kv = Kvgate(procs, args.kvgate, "trace-kvgate", kport, [spec],
+        engine = Engine(procs, "trace", free_port(3), 0)
+        engine.start(env={"REAL_VLLM_EXTRA_ARGS": f"--otlp-traces-endpoint {otlp}",
+                          "OTEL_SERVICE_NAME": "vllm", **quick})
+        engine.wait_ready()
+        kv = Kvgate(procs, args.kvgate, "trace-kvgate", free_port(2), [engine.spec()],
                     extra=["--otlp-endpoint", otlp, "--otlp-protocol", "grpc"])
-        # Procs.start hands its children this process's environment.
-        os.environ.update(quick)
-        kv.start()
+        kv.start(env=quick)
         kv.wait_ready()
 
         provider = TracerProvider(resource=Resource.create({"service.name": "client"}))
@@ -178,7 +170,7 @@ def main():
         return 0
     except Fail as e:
         print(f"FAIL trace: {e}", flush=True)
-        for name in ("trace-engine", "trace-kvgate"):
+        for name in ("engine-trace", "trace-kvgate"):
             print(f"--- {name}\n{procs.log_tail(name)}", flush=True)
         return 1
     finally:

@@ -110,22 +110,7 @@ async fn generate(
     let t0 = Instant::now();
     // One span per request from its arrival, continuing the client's trace;
     // the decision's fields are filled in by `forward` once made.
-    let span = tracing::info_span!(
-        "request",
-        route = route.label(),
-        trace_id = tracing::field::Empty,
-        prompt_tokens = tracing::field::Empty,
-        stream = tracing::field::Empty,
-        replica = tracing::field::Empty,
-        cached_blocks = tracing::field::Empty,
-        predicted_ttft_s = tracing::field::Empty,
-        reason = tracing::field::Empty,
-        candidates = tracing::field::Empty,
-        runner_up_ttft_s = tracing::field::Empty,
-        ttft_s = tracing::field::Empty,
-        outcome = tracing::field::Empty,
-        error = tracing::field::Empty,
-    );
+    let span = crate::trace_context::request_span("serve", route.label());
     crate::trace_context::continue_from(&span, &headers);
     let request = async move {
         let prepared = async {

@@ -43,6 +43,30 @@ impl Injector for Outgoing<'_> {
     }
 }
 
+/// A generation request's span, for both front doors (`door`: `serve`, or
+/// `epp` for an endpoint pick): the decision and the answer's fields are
+/// recorded on it as they become known.
+pub(crate) fn request_span(door: &'static str, route: &'static str) -> tracing::Span {
+    use tracing::field::Empty;
+    tracing::info_span!(
+        "request",
+        door,
+        route,
+        trace_id = Empty,
+        prompt_tokens = Empty,
+        stream = Empty,
+        replica = Empty,
+        cached_blocks = Empty,
+        predicted_ttft_s = Empty,
+        reason = Empty,
+        candidates = Empty,
+        runner_up_ttft_s = Empty,
+        ttft_s = Empty,
+        outcome = Empty,
+        error = Empty,
+    )
+}
+
 /// Makes `span` a child of the client's span (when the client sent a valid
 /// `traceparent` and traces are exported) and records the trace id on it
 /// as `trace_id`, for every log line inside the request.

@@ -297,21 +297,10 @@ impl Exchange {
             let e = ErrorResponse::authentication("invalid or missing API key");
             return vec![self.refuse(route, RequestError::new(Reason::Unauthorized, e))];
         }
-        // One span per pick, continuing the client's trace from the headers
+        // The pick's request span, continuing the client's trace from the headers
         // Envoy passes on; the engine's span becomes its child through the
         // header set on the request Envoy forwards.
-        let span = tracing::info_span!(
-            "pick",
-            route = label,
-            trace_id = tracing::field::Empty,
-            prompt_tokens = tracing::field::Empty,
-            replica = tracing::field::Empty,
-            cached_blocks = tracing::field::Empty,
-            predicted_ttft_s = tracing::field::Empty,
-            reason = tracing::field::Empty,
-            candidates = tracing::field::Empty,
-            runner_up_ttft_s = tracing::field::Empty,
-        );
+        let span = crate::trace_context::request_span("epp", label);
         let mut trace_headers = axum::http::HeaderMap::new();
         for name in ["traceparent", "tracestate"] {
             if let Some(v) = wire::header_str(&headers, name)
