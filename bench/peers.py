@@ -7,7 +7,7 @@ it. Standard library only. For every router x workload x load level x repeat
 it starts a fresh `kvgate sim` fleet and the router on 127.0.0.1, drives the
 router with `vllm bench serve`, and collects client latencies, the fleet's
 hit rate from the engines' counters, each process tree's CPU and the router's
-memory. Output: results.json (schema in docs/peers.md), results.md and SVG
+memory. Output: results.json (schema in bench/README.md), results.md and SVG
 charts under --out. See docs/peers.md for the method.
 """
 

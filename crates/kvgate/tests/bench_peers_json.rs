@@ -1,4 +1,4 @@
-//! The peer bench's JSON (`bench/peers.py`, schema in `docs/peers.md`): the
+//! The peer bench's JSON (`bench/peers.py`, schema in `bench/README.md`): the
 //! committed sample, `bench/sample-results.json`, a real `results.json` from
 //! one run, parses and keeps its schema. Every field the report and the charts
 //! read is present with the right type; every cell has a status; an `ok` cell

@@ -15,7 +15,9 @@
 //!   reference, not a diary entry), words joined to others by `-`, `_`, `.`,
 //!   `:`, `/`, `@`, `#`, `+` or `=` (identifiers, keys such as
 //!   `admin-key-7c1e0b5a`, float exponents such as `4.209989e-7`), and
-//!   longer runs of hex (a sha256 digest is 64 digits).
+//!   longer runs of hex (a sha256 digest is 64 digits). A `.` or `:` after
+//!   the word joins only when a letter or digit follows it: `at cba13aa.`
+//!   ends a sentence.
 //!
 //! The quickstart (`docs/quickstart.md`) is held to what the project runs:
 //! its `kvgate` commands parse (`crates/kvgate/src/cli/tests.rs` checks every
@@ -120,12 +122,17 @@ fn markers(line: &str) -> Vec<String> {
             _ => {}
         }
         let before = line[..s].chars().next_back();
-        let after = line[e..].chars().next();
+        let mut rest = line[e..].chars();
+        let joined_after = match rest.next() {
+            // Punctuation that may end a sentence joins only a word after it.
+            Some('.' | ':') => rest.next().is_some_and(char::is_alphanumeric),
+            after => after.is_some_and(joins),
+        };
         let hex = (7..=40).contains(&w.len())
             && w.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
             && w.chars().any(|c| c.is_ascii_digit())
             && w.chars().any(|c| c.is_ascii_alphabetic());
-        if hex && !before.is_some_and(joins) && !after.is_some_and(joins) {
+        if hex && !before.is_some_and(joins) && !joined_after {
             out.push(format!("commit-like hash `{w}`"));
         }
     }
@@ -171,6 +178,8 @@ fn the_diary_rule_flags_what_it_should_and_nothing_else() {
         "binary of 772b6fc (main)",
         "commit `cba13aa`",
         "sha256 f6108dfb…",
+        "measured at commit cba13aa.",
+        "since 772b6fc: the relay",
     ];
     for line in flagged {
         assert!(!markers(line).is_empty(), "not flagged: {line}");
@@ -188,6 +197,8 @@ fn the_diary_rule_flags_what_it_should_and_nothing_else() {
         "decade deadbeef facade",
         "16777216 tokens, 1048576 blocks",
         "`block_hashes` are lowercase hex",
+        "tests/py/gen_fixtures.py reads 1a2b3c4.json",
+        "the key 7c1e0b5a:v2",
     ];
     for line in clean {
         assert!(markers(line).is_empty(), "flagged: {line}: {:?}", markers(line));
