@@ -20,7 +20,8 @@
 //!   adapter loads, model violations and hit rate ÷ pool oracle.
 //! - `fleet.rs`: the virtual-time discrete-event fleet (engines, index,
 //!   router, deliveries).
-//! - `metrics.rs`: per-run summaries (TTFT, ITL, E2E, hit rate, imbalance).
+//! - `metrics.rs`: per-run summaries (TTFT, ITL, E2E, hit rate, imbalance),
+//!   added up by one `Tally` for fast mode and for `kvgate-live`.
 //! - `run.rs`: comparisons, rate sweeps and the automatic load levels.
 //! - `report.rs`: the JSON schema and the terminal table.
 //! - `plots.rs`: SVG charts.
@@ -42,7 +43,9 @@ mod workload;
 pub use capacity::{DisaggSpec, FleetSpec, KvMemoryModel};
 pub use error::{LineError, ReplayError};
 pub use fleet::{Fleet, LoadSample, Record};
-pub use metrics::{max_over_mean, DisaggSummary, Distribution, PlanTtft, RunSummary};
+pub use metrics::{
+    max_over_mean, DisaggSummary, Distribution, PlanTtft, RunFacts, RunSummary, Tally,
+};
 pub use oracle::{oracle_hit_rates, oracle_hit_rates_of, FloorModel, OracleHitRates, PooledLru};
 pub use plots::{line_chart, write_plots, Line};
 pub use pools::{combined_oracle, pool_bounds, wants_pools, PoolBound, PoolRun, PoolRunStat};

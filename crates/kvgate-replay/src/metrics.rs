@@ -2,6 +2,8 @@
 //! rate against the bounds, load imbalance and decision time. The field
 //! names are the JSON schema (`docs/replay.md`).
 
+use std::time::Duration;
+
 use serde::Serialize;
 
 use crate::fleet::{Fleet, LoadSample, Record};
@@ -193,8 +195,165 @@ impl DisaggSummary {
     }
 }
 
+/// Per-request latencies and token counts, added up the same way for fast
+/// mode's records and live mode's client outcomes, so that both report one
+/// summary. Times are since the run's start; `scale` multiplies every
+/// latency (live mode's engines run `--speedup` times faster than engine
+/// time, and its latencies are read back in engine time).
+#[derive(Debug)]
+pub struct Tally {
+    scale: f64,
+    start: Duration,
+    end: Duration,
+    ttft: Vec<f64>,
+    itl: Vec<f64>,
+    e2e: Vec<f64>,
+    ttft_s: Vec<f64>,
+    out_tokens: u64,
+    prompt_tokens: u64,
+    cached: u64,
+    completed: u64,
+}
+
+/// What a summary needs besides the per-request [`Tally`].
+#[derive(Debug)]
+pub struct RunFacts {
+    /// The policy's name.
+    pub policy: String,
+    /// Offered request rate, requests/s.
+    pub rate: f64,
+    /// Multiple of the workload's own rate.
+    pub rate_scale: f64,
+    /// Requests in the workload.
+    pub requests: u64,
+    /// Requests not served.
+    pub unserved: u64,
+    /// The engines' own hit rate; `None` where their counters are unknown
+    /// (the hit rate at first admission stands in).
+    pub hit_rate: Option<f64>,
+    /// The run's bounds.
+    pub bounds: OracleHitRates,
+    /// Uncached prompt tokens per replica (for the imbalance).
+    pub prefill_per_replica: Vec<f64>,
+    /// Requests per replica.
+    pub replica_requests: Vec<u64>,
+    /// Decision time, µs.
+    pub decision_us: Distribution,
+    /// Ingress CPU per request, µs (live mode only).
+    pub ingress_cpu_us_per_req: Option<f64>,
+    /// Preemptions the engines counted.
+    pub preemptions: u64,
+    /// Wall-clock seconds the run took.
+    pub wall_s: f64,
+    /// Requests in flight per replica over time.
+    pub load: Vec<LoadSample>,
+    /// The P/D breakdown, for disaggregated runs.
+    pub disagg: Option<DisaggSummary>,
+}
+
+impl Tally {
+    /// An empty tally for a run that started at `start`.
+    pub fn new(start: Duration, scale: f64) -> Tally {
+        Tally {
+            scale,
+            start,
+            end: Duration::ZERO,
+            ttft: Vec::new(),
+            itl: Vec::new(),
+            e2e: Vec::new(),
+            ttft_s: Vec::new(),
+            out_tokens: 0,
+            prompt_tokens: 0,
+            cached: 0,
+            completed: 0,
+        }
+    }
+
+    /// One request that reached its first token at `first`; `done` is
+    /// when its last token came, if it finished.
+    pub fn add(
+        &mut self,
+        arrival: Duration,
+        first: Duration,
+        done: Option<Duration>,
+        prompt_tokens: u32,
+        cached_tokens: u32,
+        output_tokens: u32,
+    ) {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0 * self.scale;
+        self.ttft.push(ms(first - arrival));
+        self.ttft_s.push((first - arrival).as_secs_f64() * self.scale);
+        self.prompt_tokens += u64::from(prompt_tokens);
+        self.cached += u64::from(cached_tokens);
+        if let Some(done) = done {
+            self.completed += 1;
+            self.end = self.end.max(done);
+            self.out_tokens += u64::from(output_tokens);
+            self.e2e.push(ms(done - arrival));
+            if output_tokens > 1 {
+                self.itl.push(ms(done - first) / f64::from(output_tokens - 1));
+            }
+        }
+    }
+
+    /// Requests that finished.
+    pub fn completed(&self) -> u64 {
+        self.completed
+    }
+
+    /// Cached ÷ prompt tokens at first admission, as the responses report.
+    pub fn first_admission_hit_rate(&self) -> f64 {
+        if self.prompt_tokens == 0 {
+            0.0
+        } else {
+            self.cached as f64 / self.prompt_tokens as f64
+        }
+    }
+
+    /// The run's summary.
+    pub fn summary(mut self, facts: RunFacts) -> RunSummary {
+        let span = (self.end.saturating_sub(self.start).as_secs_f64() * self.scale).max(1e-9);
+        let first_admission = self.first_admission_hit_rate();
+        let hit_rate = facts.hit_rate.unwrap_or(first_admission);
+        let vs_oracle =
+            |x: f64| if facts.bounds.oracle > 0.0 { x / facts.bounds.oracle } else { 0.0 };
+        let reqs: Vec<f64> = facts.replica_requests.iter().map(|&r| r as f64).collect();
+        RunSummary {
+            policy: facts.policy,
+            rate: facts.rate,
+            rate_scale: facts.rate_scale,
+            requests: facts.requests,
+            completed: self.completed,
+            unserved: facts.unserved,
+            ttft_ms: Distribution::of(&mut self.ttft),
+            itl_ms: Distribution::of(&mut self.itl),
+            e2e_ms: Distribution::of(&mut self.e2e),
+            throughput_tok_s: self.out_tokens as f64 / span,
+            prompt_tok_s: self.prompt_tokens as f64 / span,
+            hit_rate,
+            first_admission_hit_rate: first_admission,
+            oracle_hit_rate: facts.bounds.oracle,
+            ceiling_hit_rate: facts.bounds.ceiling,
+            hit_rate_vs_oracle: vs_oracle(hit_rate),
+            first_admission_vs_oracle: vs_oracle(first_admission),
+            ttft_floor_ms: facts.bounds.ttft_floor_ms,
+            load_imbalance: max_over_mean(&facts.prefill_per_replica),
+            request_imbalance: max_over_mean(&reqs),
+            replica_requests: facts.replica_requests,
+            decision_us: facts.decision_us,
+            ingress_cpu_us_per_req: facts.ingress_cpu_us_per_req,
+            preemptions: facts.preemptions,
+            makespan_s: span,
+            wall_s: facts.wall_s,
+            disagg: facts.disagg,
+            ttft_s: self.ttft_s,
+            load: facts.load,
+        }
+    }
+}
+
 impl RunSummary {
-    /// Summarises a finished run.
+    /// Summarises a finished fast-mode run.
     pub fn from_fleet(
         policy: &str,
         rate: f64,
@@ -204,79 +363,46 @@ impl RunSummary {
         wall_s: f64,
     ) -> RunSummary {
         let recs = &fleet.records;
-        let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-        let mut ttft_s = Vec::with_capacity(recs.len());
-        let (mut ttft, mut itl, mut e2e, mut decide) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut out_tokens, mut prompt_tokens, mut cached, mut completed) = (0u64, 0u64, 0u64, 0);
+        let start = recs.first().map_or(Duration::ZERO, |r| r.arrival);
+        let mut tally = Tally::new(start, 1.0);
+        let mut decide = Vec::with_capacity(recs.len());
         let mut replica_requests = vec![0u64; fleet.prefill_tokens.len()];
-        let mut end = std::time::Duration::ZERO;
         for r in recs {
             decide.push(r.decide_ns as f64 / 1000.0);
             if let Some(i) = r.replica {
                 replica_requests[i] += 1;
             }
             if let Some(first) = r.first_token_at {
-                ttft.push(ms(first - r.arrival));
-                ttft_s.push((first - r.arrival).as_secs_f64());
-                prompt_tokens += u64::from(r.prompt_tokens);
-                cached += u64::from(r.cached_tokens);
-                if let Some(done) = r.finished_at {
-                    completed += 1;
-                    end = end.max(done);
-                    out_tokens += u64::from(r.output_tokens);
-                    e2e.push(ms(done - r.arrival));
-                    if r.output_tokens > 1 {
-                        itl.push(ms(done - first) / f64::from(r.output_tokens - 1));
-                    }
-                }
+                tally.add(
+                    r.arrival,
+                    first,
+                    r.finished_at,
+                    r.prompt_tokens,
+                    r.cached_tokens,
+                    r.output_tokens,
+                );
             }
         }
-        let start = recs.first().map_or(std::time::Duration::ZERO, |r| r.arrival);
-        let span = (end.saturating_sub(start)).as_secs_f64().max(1e-9);
         let stats = fleet.engine_stats();
         let queries: u64 = stats.iter().map(|s| s.prefix_cache_queries).sum();
         let hits: u64 = stats.iter().map(|s| s.prefix_cache_hits + s.external_hit_tokens).sum();
-        let hit_rate = if queries == 0 { 0.0 } else { hits as f64 / queries as f64 };
-        let first_admission =
-            if prompt_tokens == 0 { 0.0 } else { cached as f64 / prompt_tokens as f64 };
-        let prefill: Vec<f64> = fleet.prefill_tokens.iter().map(|&t| t as f64).collect();
-        let reqs: Vec<f64> = replica_requests.iter().map(|&t| t as f64).collect();
-        RunSummary {
+        tally.summary(RunFacts {
             policy: policy.to_owned(),
             rate,
             rate_scale,
             requests: recs.len() as u64,
-            completed,
             unserved: fleet.unserved,
-            ttft_ms: Distribution::of(&mut ttft),
-            itl_ms: Distribution::of(&mut itl),
-            e2e_ms: Distribution::of(&mut e2e),
-            throughput_tok_s: out_tokens as f64 / span,
-            prompt_tok_s: prompt_tokens as f64 / span,
-            hit_rate,
-            first_admission_hit_rate: first_admission,
-            oracle_hit_rate: bounds.oracle,
-            ceiling_hit_rate: bounds.ceiling,
-            hit_rate_vs_oracle: if bounds.oracle > 0.0 { hit_rate / bounds.oracle } else { 0.0 },
-            first_admission_vs_oracle: if bounds.oracle > 0.0 {
-                first_admission / bounds.oracle
-            } else {
-                0.0
-            },
-            ttft_floor_ms: bounds.ttft_floor_ms,
-            load_imbalance: max_over_mean(&prefill),
-            request_imbalance: max_over_mean(&reqs),
+            hit_rate: Some(if queries == 0 { 0.0 } else { hits as f64 / queries as f64 }),
+            bounds,
+            prefill_per_replica: fleet.prefill_tokens.iter().map(|&t| t as f64).collect(),
             replica_requests,
             decision_us: Distribution::of(&mut decide),
             ingress_cpu_us_per_req: None,
             preemptions: stats.iter().map(|s| s.preemptions).sum(),
-            makespan_s: span,
             wall_s,
-            disagg: DisaggSummary::of(fleet),
-            ttft_s,
             load: fleet.samples.clone(),
-        }
+            disagg: DisaggSummary::of(fleet),
+        })
     }
 }
 

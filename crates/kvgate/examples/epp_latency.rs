@@ -43,9 +43,11 @@ use tonic::transport::Channel;
 
 use kvgate_alloc as _;
 
+use kvgate_live::cpu_seconds;
+
 mod bench_support;
 use bench_support::{
-    cpu_seconds, free_ports, long_chat, spawn_epp, spawn_gateway, start_sims, wait_ready, MODEL,
+    free_ports, long_chat, spawn_epp, spawn_gateway, start_sims, wait_ready, MODEL,
 };
 
 /// Envoy's body chunks are at most this large on the wire.

@@ -32,17 +32,9 @@ use serde_json::json;
 use kvgate_alloc as _;
 
 mod bench_support;
-use bench_support::{
-    cpu_seconds, free_ports, long_chat, spawn_gateway, start_sims, wait_ready, MODEL,
-};
+use bench_support::{free_ports, long_chat, spawn_gateway, start_sims, wait_ready, MODEL};
 
-fn schedstat_seconds(path: &std::path::Path) -> f64 {
-    std::fs::read_to_string(path)
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()))
-        .unwrap_or(0.0)
-        / 1e9
-}
+use kvgate_live::{cpu_seconds, schedstat_seconds};
 
 /// CPU seconds per thread name of `pid` (threads of one name summed).
 fn cpu_by_thread(pid: &str) -> std::collections::BTreeMap<String, f64> {

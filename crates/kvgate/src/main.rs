@@ -6,7 +6,6 @@ mod config_file;
 mod events_tail;
 mod progress;
 mod replay_cmd;
-mod replay_live;
 mod replay_suite;
 mod serve_cmd;
 mod sim_cmd;

@@ -1,13 +1,14 @@
 //! `kvgate replay`: replay a trace or a generated workload through a fleet
 //! under every policy, and report TTFT, hit rate against the physical
 //! bounds, load imbalance and decision time (docs/replay.md). Fast mode runs
-//! in virtual time on `kvgate-replay`; live mode (`replay_live.rs`) sends the
+//! in virtual time on `kvgate-replay`; live mode (`kvgate-live`) sends the
 //! same workload over HTTP through real kvgate and `kvgate sim` processes.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
+use kvgate_live::{run_live, LiveOptions, LiveRun};
 use kvgate_replay::{
     detect_format, find_load_levels, oracle_hit_rates, parse_messages, parse_mooncake, pool_bounds,
     render_table, run_matrix_pools, wants_pools, write_plots, FleetSpec, FloorModel, Report,
@@ -16,7 +17,6 @@ use kvgate_replay::{
 use kvgate_router::{PolicyKind, RouterConfig};
 
 use crate::progress::Progress;
-use crate::replay_live::{run_live, LiveOptions, LiveRun};
 use kvgate_sim::TimingModel;
 
 /// The policies compared by default: kv_aware and the baselines of issue 7.
@@ -552,6 +552,8 @@ pub(crate) fn replay_workload(
                 bail!("with --target the running kvgate's policy is used: name it with one --policies entry");
             }
             let live = LiveOptions {
+                kvgate_bin: std::env::current_exe()
+                    .context("cannot find the kvgate executable to spawn")?,
                 target: args.target.clone(),
                 target_pid: args.target_pid,
                 api_key: args.api_key.clone(),

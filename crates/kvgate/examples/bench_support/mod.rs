@@ -59,19 +59,6 @@ pub fn long_chat(i: usize) -> serde_json::Value {
     ])
 }
 
-/// CPU seconds of every thread of `pid`, from `schedstat` (nanoseconds).
-/// Exact only while the threads wait: a running thread's figure lags by up
-/// to a scheduler tick.
-pub fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0.0 };
-    tasks
-        .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()))
-        .sum::<f64>()
-        / 1e9
-}
-
 /// Two distinct free ports (both listeners held until both are chosen).
 pub fn free_ports() -> (u16, u16) {
     let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
