@@ -46,5 +46,7 @@ rc=0
 # (OTLP to a receiver built from OpenTelemetry's own protobuf definitions).
 if [ ${#ARGS[@]} -eq 0 ]; then
   "$PY" tests/real_vllm/trace.py --kvgate "$KVGATE_BIN" || rc=$?
+  # docs/quickstart.md's real-engine commands, as the page shows them.
+  bash tests/real_vllm/quickstart.sh "$KVGATE_BIN" || rc=$?
 fi
 exit "$rc"
