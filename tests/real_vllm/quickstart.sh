@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# docs/quickstart.md, "In front of real vLLM engines", on this CPU: the
-# commands of its first shell block, read from the page and run as they
-# stand, with kvgate's server started in the background so that the
-# page's own chat (from "The embedded default") can be sent through it
-# before the page's `stop`. `cargo run --release -p kvgate --` runs the
+# docs/quickstart.md's first two ways in, read from the page and run as
+# they stand: "The embedded default" (its server, then its chat and its
+# decision query), and "In front of real vLLM engines" on this CPU (its
+# first shell block), with kvgate's server started in the background so
+# that the page's own chat can be sent through it before the page's `stop`. `cargo run --release -p kvgate --` runs the
 # kvgate binary under test instead (a release build would add minutes to
 # CI and test the same code). Run by scripts/test-real-vllm.sh.
 #
@@ -32,8 +32,23 @@ cargo() {
   local all="$*"
   [[ "$all" == "run --release -p kvgate -- "* ]] || fail "unexpected cargo command: cargo $all"
   shift 5
-  "$KVGATE_BIN" "$@"
+  # exec: the background job is then kvgate itself, so stopping it stops kvgate.
+  exec "$KVGATE_BIN" "$@"
 }
+
+# Starts a server line of the page in the background and waits until
+# kvgate answers /ready on the page's port.
+start_server() {
+  eval "$1" > .cache/real-vllm/logs/quickstart-kvgate.log 2>&1 &
+  server=$!
+  for _ in $(seq 1 120); do
+    curl -sf localhost:8000/ready >/dev/null 2>&1 && return 0
+    kill -0 "$server" 2>/dev/null || fail "kvgate exited: $(tail -3 .cache/real-vllm/logs/quickstart-kvgate.log)"
+    sleep 0.5
+  done
+  fail "kvgate not ready on localhost:8000 after 60 s"
+}
+stop_server() { kill "$server"; wait "$server" 2>/dev/null || true; server=""; }
 
 server=""
 cleanup() {
@@ -42,25 +57,26 @@ cleanup() {
 }
 trap cleanup EXIT
 t0=$SECONDS
+# 1. The embedded default: the page's server, then its chat and decision.
+start_server "$(block '## 1. The embedded default' 1)"
+answers="$(eval "$(block '## 1. The embedded default' 2)")" || fail "way 1's commands failed: $answers"
+echo "$answers" | grep -q '"choices"' || fail "way 1's chat got no choices: $answers"
+echo "$answers" | grep -q '"decisions"' || fail "way 1's decision query got none: $answers"
+stop_server
+echo "PASS quickstart: the embedded default ($((SECONDS - t0)) s)"
+# 2. In front of real engines.
 ran=0
 while IFS= read -r line; do
   case "$line" in
     ''|'#'*) continue ;;
     *' serve '*)
       # The page's server, in the background until the chat is answered.
-      eval "$line" > .cache/real-vllm/logs/quickstart-kvgate.log 2>&1 &
-      server=$!
-      for _ in $(seq 1 120); do
-        curl -sf localhost:8001/ready >/dev/null 2>&1 && break
-        kill -0 "$server" 2>/dev/null || fail "kvgate exited: $(tail -3 .cache/real-vllm/logs/quickstart-kvgate.log)"
-        sleep 0.5
-      done
+      start_server "$line"
       answer="$(eval "$chat")" || fail "the chat failed: $answer"
       echo "$answer" | grep -q '"choices"' || fail "the chat got no choices: $answer"
       decision="$(curl -s 'localhost:8001/admin/decisions?limit=1')"
       echo "$decision" | grep -q 'engine-\|replica' || fail "no decision recorded: $decision"
-      kill "$server"; wait "$server" 2>/dev/null || true
-      server=""
+      stop_server
       ;;
     *) eval "$line" ;;
   esac
