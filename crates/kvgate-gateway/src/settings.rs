@@ -40,19 +40,8 @@ impl Settings {
     }
 }
 
-/// The timing and counting rules of replica health, from `[monitor]` and
-/// `[limits]`, validated once.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct HealthRules {
-    /// Consecutive failures that take a replica out of rotation.
-    pub(crate) unhealthy_after: u32,
-    /// Out of rotation this long: its index entries are purged.
-    pub(crate) purge_after: Duration,
-    /// How long a rebuilt view counts as degraded.
-    pub(crate) rebuild: Duration,
-    /// The index's bound per tier before an engine reports its size.
-    pub(crate) index_bound: u64,
-}
+pub(crate) use kvgate_fleet::HealthRules;
+
 
 /// How often and how patiently a monitor probes (`[monitor]`).
 #[derive(Clone, Copy, Debug)]

@@ -9,8 +9,7 @@ use kvgate_router::{Decision, Health, Outcome, RejectReason, RouteRequest, Route
 
 use super::{pick_target, Fleet};
 use crate::replica_status::Failure;
-use crate::scrape::EngineScrape;
-use crate::settings::HealthRules;
+use crate::{EngineScrape, HealthRules};
 
 const BS: u32 = 16;
 
@@ -269,7 +268,7 @@ fn loads_go_to_the_healthy_replica_with_the_most_room() {
 /// observation; a counter that goes back (the engine restarted) is none.
 #[test]
 fn nixl_transfer_series_calibrate_the_pools_transfer_rate() {
-    use crate::scrape::TransferTotals;
+    use crate::TransferTotals;
     use kvgate_router::{Disagg, DisaggConfig, DisaggMode};
     let t0 = Instant::now();
     let mut f = fleet();
