@@ -197,8 +197,10 @@ engine_cmd() {
   local events
   # vLLM binds the PUB endpoint only when it is a wildcard (`*`) and
   # connects to any other address, so the PUB port is bound on every
-  # interface; HTTP and replay stay on loopback.
-  events=$(printf '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%s","replay_endpoint":"tcp://127.0.0.1:%s","topic":"kv-events"}' "$pub" "$rep")
+  # interface; HTTP and replay stay on loopback. The topic is vLLM's
+  # default (empty): vllm-router's static event sources accept only that
+  # one and drop every other message without a word (docs/peers.md).
+  events=$(printf '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%s","replay_endpoint":"tcp://127.0.0.1:%s"}' "$pub" "$rep")
   # shellcheck disable=SC2206
   local extra=(${REAL_VLLM_EXTRA_ARGS:-})
   ENGINE=("$PY" -m vllm.entrypoints.openai.api_server
