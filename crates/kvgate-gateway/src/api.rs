@@ -110,8 +110,8 @@ async fn generate(
     let t0 = Instant::now();
     // One span per request from its arrival, continuing the client's trace;
     // the decision's fields are filled in by `forward` once made.
-    let span = crate::trace_context::request_span("serve", route.label());
-    crate::trace_context::continue_from(&span, &headers);
+    let span = crate::trace_context::request_span("serve", route.label(), &headers);
+    let traced = crate::trace_context::is_traced(&span);
     let request = async move {
         let prepared = async {
             match route {
@@ -121,7 +121,9 @@ async fn generate(
                 Route::Responses => prepare::responses(&s.preparer, body).await,
             }
         };
-        let prepared = prepared.instrument(tracing::info_span!("render_and_tokenize")).await;
+        let prepared = prepared
+            .instrument(crate::trace_context::stage_span!(traced, "render_and_tokenize"))
+            .await;
         match prepared {
             Ok(p) => {
                 let span = tracing::Span::current();

@@ -76,7 +76,8 @@ pub(crate) async fn forward(
             Some(r) => Ok(r),
             // The decision, with the admission wait when every replica is busy.
             None => {
-                let span = tracing::info_span!("decide");
+                let traced = crate::trace_context::in_traced_request();
+                let span = crate::trace_context::stage_span!(traced, "decide");
                 fwd.placer.place(&p, &mut attempts).instrument(span).await
             }
         };
@@ -221,6 +222,7 @@ async fn respond(
             };
             let outcome = if status.is_success() { Outcome::Finished } else { Outcome::Error };
             booking.finish(outcome);
+            record_whole_end(&bytes, outcome);
             fwd.metrics.request(label, status.as_u16(), &replica.name);
             fwd.metrics.e2e(label, t0.elapsed().as_secs_f64());
             let mut r = Response::new(Body::from(bytes));
@@ -247,6 +249,25 @@ async fn respond(
             }
             r
         }
+    }
+}
+
+/// Records a whole answer's end on the request's span: its outcome, and
+/// when the request is traced (exported) its finish reason and output
+/// tokens, read from the body (a parse only traced requests pay for).
+fn record_whole_end(body: &[u8], outcome: Outcome) {
+    let span = tracing::Span::current();
+    span.record("outcome", if outcome == Outcome::Finished { "finished" } else { "error" });
+    if !crate::trace_context::is_traced(&span) {
+        return;
+    }
+    let mut end = kvgate_openai::AnswerEnd::default();
+    end.read(body);
+    if let Some(r) = &end.finish_reason {
+        span.record("finish_reason", r.as_str());
+    }
+    if let Some(n) = end.output_tokens {
+        span.record("output_tokens", n);
     }
 }
 

@@ -64,7 +64,13 @@ pub(crate) async fn send_body(
     fwd_headers: &[(header::HeaderName, HeaderValue)],
     body: bytes::Bytes,
 ) -> Result<EngineResponse, RequestError> {
-    let span = tracing::info_span!("send", replica = %replica.name, route = p.route.label());
+    let traced = crate::trace_context::in_traced_request();
+    let span = crate::trace_context::stage_span!(
+        traced,
+        "send",
+        replica = replica.name.as_str(),
+        route = p.route.label()
+    );
     send_in(fwd, p, replica, fwd_headers, body).instrument(span).await
 }
 

@@ -107,3 +107,7 @@ pub use server::Gateway;
 pub use snapshot::{
     FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, PoolSnapshot, ReplicaSnapshot,
 };
+pub use trace_context::{
+    count_dropped_spans, set_root_sampler, RootSampler, TRACED as TRACED_TARGET,
+    UNTRACED as UNTRACED_TARGET,
+};

@@ -934,6 +934,12 @@ impl SnapshotCollector {
             MetricType::Counter,
             cpu,
         )?;
+        counters(
+            enc,
+            "trace_spans_dropped",
+            "Spans the trace exporter's queue had no room for (OTEL_BSP_MAX_QUEUE_SIZE)",
+            none(crate::trace_context::dropped_spans()),
+        )?;
         gauges(enc, "uptime", "Time since start", Some(&Unit::Seconds), [(NO_LABELS, s.uptime_s)])
     }
 }

@@ -15,7 +15,13 @@
 //! `response.completed` (or `.incomplete`, `.failed`, `error`), its first
 //! `*.delta` event is its first token, a broken one gets an OpenAI
 //! Responses `error` event, and its response ids are rewritten on the way
-//! (`affinity::Rewriter`; only those streams are copied). When the client goes away, the
+//! (`affinity::Rewriter`; only those streams are copied).
+//!
+//! A traced request's stream (its span exported, `trace_context.rs`) also
+//! keeps a copy of its last bytes ([`TAIL`]), read once at the end for the
+//! finish reason and the output tokens (from the final usage chunk or end
+//! event) recorded on the request's span; other streams keep nothing.
+//! When the client goes away, the
 //! relay is dropped: the booking is released as cancelled and the upstream
 //! connection closes, which makes vLLM abort the request.
 
@@ -30,7 +36,7 @@ use bytes::Bytes;
 use futures_util::stream::{Stream, StreamExt};
 use kvgate_openai::sse::{write_done, write_error};
 use kvgate_openai::{
-    anthropic, responses, ErrorResponse, SseFraming, SseItem, SseParser, StreamTap,
+    anthropic, responses, AnswerEnd, ErrorResponse, SseFraming, SseItem, SseParser, StreamTap,
 };
 use kvgate_router::Outcome;
 use tokio::time::Sleep;
@@ -49,6 +55,18 @@ use crate::shed::InflightPermit;
 /// Largest single SSE event the tap parses (bigger events pass through but
 /// are not inspected).
 const MAX_EVENT_BYTES: usize = 4 << 20;
+
+/// Bytes of a traced stream's end kept for its finish reason and output
+/// tokens: OpenAI's last chunk, usage chunk and `[DONE]`, Anthropic's
+/// `message_delta` and `message_stop`, and a Responses end event that
+/// carries a short answer (a longer one's end is not read).
+const TAIL: usize = 16 << 10;
+
+/// Events read at a traced stream's end: enough for OpenAI's last chunk,
+/// usage chunk and `[DONE]`, Anthropic's `message_delta` and
+/// `message_stop`, and the `*.done` events before a Responses stream's end
+/// event.
+const LAST_EVENTS: usize = 6;
 
 /// Where a relay reports, and its rules: the metrics, the fleet (a broken
 /// stream counts against its replica), the stall limit, the route's label.
@@ -85,6 +103,8 @@ pub(crate) struct Relay {
     /// The request's span: the stream is polled outside it, so its first
     /// token and end are recorded on it by hand.
     span: tracing::Span,
+    /// The stream's last bytes, when the request is traced.
+    tail: Option<Tail>,
     _permit: InflightPermit,
 }
 
@@ -124,6 +144,7 @@ impl Relay {
             first_seen: false,
             done: false,
             rewriter,
+            tail: crate::trace_context::in_traced_request().then(Tail::default),
             span: tracing::Span::current(),
             _permit: permit,
         }
@@ -183,6 +204,9 @@ impl Relay {
 
     fn observe(&mut self, chunk: &[u8]) {
         self.framing.feed(chunk);
+        if let Some(t) = self.tail.as_mut() {
+            t.push(chunk);
+        }
         if self.first_seen {
             return;
         }
@@ -224,6 +248,15 @@ impl Relay {
             Outcome::Error => "error",
         };
         self.span.record("outcome", label);
+        if let Some(t) = self.tail.take() {
+            let end = t.read();
+            if let Some(r) = &end.finish_reason {
+                self.span.record("finish_reason", r.as_str());
+            }
+            if let Some(n) = end.output_tokens {
+                self.span.record("output_tokens", n);
+            }
+        }
         if let Some(e) = &error {
             self.span.record("error", e.reason.label());
         }
@@ -251,6 +284,62 @@ impl Relay {
             Api::Responses => responses::write_error_event(&mut out, &e, self.framing.events()),
         }
         Bytes::from(out)
+    }
+}
+
+/// The last [`TAIL`] bytes (up to twice that between trims) of a stream.
+#[derive(Debug, Default)]
+struct Tail {
+    bytes: Vec<u8>,
+    /// Earlier bytes were let go: the first event may be cut.
+    cut: bool,
+}
+
+impl Tail {
+    fn push(&mut self, chunk: &[u8]) {
+        self.bytes.extend_from_slice(chunk);
+        if self.bytes.len() > 2 * TAIL {
+            // Trimmed once per TAIL bytes, so each byte is moved about once.
+            self.bytes.drain(..self.bytes.len() - TAIL);
+            self.cut = true;
+        }
+    }
+
+    /// How the answer ended, from its last [`LAST_EVENTS`] whole events
+    /// (found from the end, so that only they are scanned and parsed).
+    fn read(self) -> AnswerEnd {
+        let mut end = AnswerEnd::default();
+        let b = &self.bytes;
+        // Event starts, back from the end: after a blank line (`\n\n`, or
+        // `\n\r\n` in a CRLF stream). The stream's own final blank line is
+        // passed over.
+        let (mut found, mut from) = (0, None);
+        let mut i = b.len().saturating_sub(2);
+        while i > 0 && found < LAST_EVENTS {
+            let blank = b[i] == b'\n'
+                && (b[i - 1] == b'\n' || (i >= 2 && b[i - 1] == b'\r' && b[i - 2] == b'\n'));
+            if blank {
+                found += 1;
+                from = Some(i + 1);
+            }
+            i -= 1;
+        }
+        let from = match from {
+            Some(f) if found == LAST_EVENTS || self.cut => f,
+            // Fewer events than that, all of them kept.
+            _ if !self.cut => 0,
+            // Kept bytes within one cut event: nothing whole to read.
+            _ => return end,
+        };
+        let mut items = Vec::new();
+        // A parse failure leaves what was read before it.
+        let _ = SseParser::new(MAX_EVENT_BYTES).feed(&b[from..], &mut items);
+        for item in &items {
+            if let SseItem::Event(e) = item {
+                end.read(e.data.as_bytes());
+            }
+        }
+        end
     }
 }
 

@@ -9,6 +9,20 @@
 //! context on kvgate's spans: the client's headers then reach the engine as
 //! they came (`auth::forwarded`), and the trace id is still read from them
 //! for the logs.
+//!
+//! Sampling is decided once, at the request's root, before any span exists
+//! ([`set_root_sampler`]): a traced request's spans have the target
+//! [`TRACED`], which the exporter's layer takes; an untraced one's have
+//! [`UNTRACED`], which it leaves out. The layer's work per span (span data,
+//! attribute conversion, context bookkeeping) is most of what tracing costs
+//! a request, and the SDK's own sampler runs only after that work is done:
+//! an untraced request costs what `tracing` costs at the log level. Every
+//! stage span under a request ([`stage_span!`]) follows its request's
+//! target, so a traced request's stages are all exported and an untraced
+//! one's none.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::propagation::{Extractor, Injector};
@@ -43,38 +57,136 @@ impl Injector for Outgoing<'_> {
     }
 }
 
-/// A generation request's span, for both front doors (`door`: `serve`, or
-/// `epp` for an endpoint pick): the decision and the answer's fields are
-/// recorded on it as they become known.
-pub(crate) fn request_span(door: &'static str, route: &'static str) -> tracing::Span {
-    use tracing::field::Empty;
-    tracing::info_span!(
-        "request",
-        door,
-        route,
-        trace_id = Empty,
-        prompt_tokens = Empty,
-        stream = Empty,
-        replica = Empty,
-        cached_blocks = Empty,
-        predicted_ttft_s = Empty,
-        reason = Empty,
-        candidates = Empty,
-        runner_up_ttft_s = Empty,
-        ttft_s = Empty,
-        outcome = Empty,
-        error = Empty,
-    )
+/// The `tracing` target of a traced request's spans: the exporter's layer
+/// takes these.
+pub const TRACED: &str = "kvgate_gateway::request";
+
+/// The target of an untraced request's spans (not sampled at its root): the
+/// exporter's layer leaves these out, the logs still see them.
+pub const UNTRACED: &str = "kvgate_gateway::untraced";
+
+/// Decides at a request's root whether it is traced, given the client's
+/// context (empty when it sent none): the process's sampler, set by the
+/// binary when it exports traces.
+pub type RootSampler = Box<dyn Fn(&opentelemetry::Context) -> bool + Send + Sync>;
+
+static ROOT_SAMPLER: OnceLock<RootSampler> = OnceLock::new();
+
+/// Sets the root sampler, once per process; `false` when one was already
+/// set (it stays). Without one, no request is traced: there is no
+/// exporter to take its spans.
+pub fn set_root_sampler(sampler: RootSampler) -> bool {
+    ROOT_SAMPLER.set(sampler).is_ok()
 }
 
-/// Makes `span` a child of the client's span (when the client sent a valid
-/// `traceparent` and traces are exported) and records the trace id on it
-/// as `trace_id`, for every log line inside the request.
-pub(crate) fn continue_from(span: &tracing::Span, headers: &HeaderMap) {
+/// Spans the exporter had no room for, since start.
+static DROPPED_SPANS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts `n` spans the exporter's queue had no room for (the binary's span
+/// processor reports them; `/metrics` shows the total as
+/// `kvgate_trace_spans_dropped_total`).
+pub fn count_dropped_spans(n: u64) {
+    DROPPED_SPANS.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Spans dropped by the exporter since start.
+pub(crate) fn dropped_spans() -> u64 {
+    DROPPED_SPANS.load(Ordering::Relaxed)
+}
+
+/// A span under the current request (or under `parent:`), exported only
+/// when the request is: `stage_span!(traced, "name", fields...)`, with
+/// `traced` from [`in_traced_request`] or the request's own
+/// [`is_traced`].
+macro_rules! stage_span {
+    ($traced:expr, $($rest:tt)+) => {
+        if $traced {
+            tracing::info_span!(target: $crate::trace_context::TRACED, $($rest)+)
+        } else {
+            tracing::info_span!(target: $crate::trace_context::UNTRACED, $($rest)+)
+        }
+    };
+}
+pub(crate) use stage_span;
+
+/// Whether the span the code runs in is a traced request's (or one of its
+/// stages').
+pub(crate) fn in_traced_request() -> bool {
+    is_traced(&tracing::Span::current())
+}
+
+/// Whether `span` is a traced request's (or one of its stages').
+pub(crate) fn is_traced(span: &tracing::Span) -> bool {
+    span.metadata().is_some_and(|m| m.target() == TRACED)
+}
+
+/// A generation request's span, for both front doors (`door`: `serve`, or
+/// `epp` for an endpoint pick), continuing the client's trace from
+/// `headers` (see [`continue_from`]): the decision and the answer's fields
+/// are recorded on it as they become known. Traced or not as the root
+/// sampler decides.
+pub(crate) fn request_span(
+    door: &'static str,
+    route: &'static str,
+    headers: &HeaderMap,
+) -> tracing::Span {
+    macro_rules! span {
+        ($target:expr) => {
+            tracing::info_span!(
+                target: $target,
+                "request",
+                door,
+                route,
+                trace_id = tracing::field::Empty,
+                prompt_tokens = tracing::field::Empty,
+                stream = tracing::field::Empty,
+                replica = tracing::field::Empty,
+                cached_blocks = tracing::field::Empty,
+                predicted_ttft_s = tracing::field::Empty,
+                reason = tracing::field::Empty,
+                candidates = tracing::field::Empty,
+                runner_up_ttft_s = tracing::field::Empty,
+                ttft_s = tracing::field::Empty,
+                output_tokens = tracing::field::Empty,
+                finish_reason = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+                error = tracing::field::Empty,
+            )
+        };
+    }
+    let Some(sample) = ROOT_SAMPLER.get() else {
+        // No exporter: nothing is traced.
+        let span = span!(UNTRACED);
+        continue_from(&span, headers, None);
+        return span;
+    };
     let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Incoming(headers)));
-    if parent.span().span_context().is_valid() {
+    if sample(&parent) {
+        let span = span!(TRACED);
+        continue_from(&span, headers, Some(parent));
+        span
+    } else {
+        let span = span!(UNTRACED);
+        continue_from(&span, headers, None);
+        span
+    }
+}
+
+/// Makes `span` a child of the client's span (`parent`, extracted from
+/// `headers` when traces are exported and the request is traced) and
+/// records the trace id on it as `trace_id`, for every log line inside the
+/// request.
+fn continue_from(
+    span: &tracing::Span,
+    headers: &HeaderMap,
+    parent: Option<opentelemetry::Context>,
+) {
+    if let Some(parent) = parent.filter(|p| p.span().span_context().is_valid()) {
         // An error here only means kvgate's spans are not exported.
         let _ = span.set_parent(parent);
+    }
+    if span.is_disabled() {
+        return;
     }
     let ours = span.context().span().span_context().clone();
     if ours.is_valid() {

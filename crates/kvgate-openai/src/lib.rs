@@ -48,8 +48,8 @@ pub use response::{
 };
 pub use sse::{SseEvent, SseFraming, SseItem, SseParser};
 pub use stream::{
-    summarize_chunk, ChatCompletionChunk, ChatDelta, ChunkSummary, CompletionChunk, Observation,
-    StreamTap,
+    summarize_chunk, AnswerEnd, ChatCompletionChunk, ChatDelta, ChunkSummary, CompletionChunk,
+    Observation, StreamTap,
 };
 pub use tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest, TokenizeCompletionRequest,

@@ -331,6 +331,102 @@ impl StreamTap {
     }
 }
 
+/// How an answer ended, read from its last events or its whole body, for
+/// any of the three APIs: the finish reason and the output tokens.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AnswerEnd {
+    /// OpenAI's `finish_reason`, Anthropic's `stop_reason`, or the
+    /// Responses API's `incomplete_details.reason`, else its `status`.
+    pub finish_reason: Option<String>,
+    /// `usage.completion_tokens` (OpenAI) or `usage.output_tokens`
+    /// (Anthropic, Responses); a stream has it only in its final usage
+    /// chunk or end event.
+    pub output_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct PeekEndChoice<'a> {
+    #[serde(default, borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct PeekEndUsage {
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+}
+
+/// Anthropic's `message_delta` carries `delta.stop_reason`; other events'
+/// `delta` is a text delta or (Responses) a string.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PeekEndDelta {
+    Stop {
+        #[serde(default)]
+        stop_reason: Option<String>,
+    },
+    Other(IgnoredAny),
+}
+
+#[derive(Deserialize)]
+struct PeekIncomplete<'a> {
+    #[serde(default, borrow)]
+    reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct PeekEnd<'a> {
+    #[serde(default, borrow)]
+    choices: Option<Vec<PeekEndChoice<'a>>>,
+    #[serde(default)]
+    usage: Option<PeekEndUsage>,
+    #[serde(default, borrow)]
+    stop_reason: Option<Cow<'a, str>>,
+    #[serde(default)]
+    delta: Option<PeekEndDelta>,
+    #[serde(default, borrow)]
+    status: Option<Cow<'a, str>>,
+    #[serde(default, borrow)]
+    incomplete_details: Option<PeekIncomplete<'a>>,
+    /// A Responses stream event's response.
+    #[serde(default, borrow)]
+    response: Option<Box<PeekEnd<'a>>>,
+}
+
+impl AnswerEnd {
+    /// Takes in one JSON payload (an event's data, or a whole answer's
+    /// body): what it says replaces what earlier ones said. Anything that
+    /// is not such JSON (`[DONE]`, a cut event) is passed over.
+    pub fn read(&mut self, data: &[u8]) {
+        if let Ok(peek) = serde_json::from_slice::<PeekEnd<'_>>(data) {
+            self.take(&peek);
+        }
+    }
+
+    fn take(&mut self, p: &PeekEnd<'_>) {
+        let choice = p.choices.iter().flatten().find_map(|c| c.finish_reason.as_deref());
+        let stop = match &p.delta {
+            Some(PeekEndDelta::Stop { stop_reason }) => stop_reason.as_deref(),
+            _ => None,
+        };
+        // Responses: `status` is `completed`, or `incomplete` with a reason.
+        let incomplete = p.incomplete_details.as_ref().and_then(|d| d.reason.as_deref());
+        let status = p.status.as_deref().filter(|s| *s != "in_progress" && *s != "queued");
+        let reason = choice.or(p.stop_reason.as_deref()).or(stop).or(incomplete).or(status);
+        if let Some(r) = reason {
+            self.finish_reason = Some(r.to_owned());
+        }
+        if let Some(n) = p.usage.as_ref().and_then(|u| u.completion_tokens.or(u.output_tokens)) {
+            self.output_tokens = Some(n);
+        }
+        if let Some(r) = &p.response {
+            self.take(r);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,5 +517,44 @@ mod tests {
         );
         assert_eq!(tap.n_unreadable(), 1);
         assert!(!tap.has_output());
+    }
+
+    #[test]
+    fn the_end_of_an_answer_in_each_api() {
+        let read = |events: &[&str]| {
+            let mut end = AnswerEnd::default();
+            for e in events {
+                end.read(e.as_bytes());
+            }
+            end
+        };
+        let end = |reason: &str, tokens: Option<u64>| AnswerEnd {
+            finish_reason: Some(reason.to_owned()),
+            output_tokens: tokens,
+        };
+        // An OpenAI stream's last chunks, with and without usage; a whole answer.
+        let last = r#"{"choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":"length"}]}"#;
+        let usage =
+            r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7}}"#;
+        assert_eq!(read(&[last, usage, "[DONE]"]), end("length", Some(2)));
+        assert_eq!(read(&[last, "[DONE]"]), end("length", None));
+        let whole = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"a \"finish_reason\": \"x\""},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":9}}"#;
+        assert_eq!(read(&[whole]), end("stop", Some(9)));
+        // Anthropic: message_delta, then message_stop; a whole message.
+        let delta = r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}"#;
+        let text =
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"lo"}}"#;
+        assert_eq!(read(&[text, delta, r#"{"type":"message_stop"}"#]), end("end_turn", Some(2)));
+        let message = r#"{"type":"message","stop_reason":"max_tokens","usage":{"input_tokens":3,"output_tokens":4}}"#;
+        assert_eq!(read(&[message]), end("max_tokens", Some(4)));
+        // Responses: string deltas, then the end event; a cut answer's reason.
+        let d = r#"{"type":"response.output_text.delta","sequence_number":2,"delta":"lo"}"#;
+        let done = r#"{"type":"response.completed","response":{"status":"completed","usage":{"input_tokens":3,"output_tokens":5}}}"#;
+        let created = r#"{"type":"response.created","response":{"status":"in_progress"}}"#;
+        assert_eq!(read(&[created, d, done]), end("completed", Some(5)));
+        let cut = r#"{"status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"usage":{"output_tokens":8}}"#;
+        assert_eq!(read(&[cut]), end("max_output_tokens", Some(8)));
+        // Nothing to say: nothing recorded.
+        assert_eq!(read(&["[DONE]", "{\"choices\":[{\"fin", created]), AnswerEnd::default());
     }
 }

@@ -4,19 +4,33 @@
 //! continues a client's `traceparent` and hands its own to the engine,
 //! `kvgate-gateway/src/trace_context.rs`).
 //!
-//! Export runs on a one-thread Tokio runtime of its own, through the SDK's
-//! batch processor: a request only queues its ended spans (a full queue drops
-//! them, which the SDK logs with their count), and the exporter's network I/O
-//! never shares the gateway's workers.
+//! Export goes through the SDK's batch processor, on its thread: a request
+//! only puts its ended spans in a queue, which wakes no one (the thread
+//! wakes for a full batch or at its schedule), and a full queue drops them,
+//! counted on the gateway's `/metrics` as `kvgate_trace_spans_dropped_total`.
+//! The exporter's network I/O runs on a one-thread Tokio runtime of its
+//! own, never on the gateway's workers.
+//!
+//! The sampler (`OTEL_TRACES_SAMPLER*`, the SDK's reading of them) decides at
+//! each request's root, before any span exists
+//! (`kvgate_gateway::set_root_sampler`): an untraced request's spans never
+//! reach the exporter's layer, whose work per span is most of what tracing
+//! costs. The SDK then samples every span it is given.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{SpanKind, TraceContextExt as _, TracerProvider as _};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
-use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
-use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, IdGenerator as _, RandomIdGenerator, Sampler,
+    SamplingDecision, SdkTracerProvider, SpanData, SpanExporter, SpanProcessor,
+};
 use opentelemetry_sdk::Resource;
+use tracing::level_filters::LevelFilter;
 use tracing::Level;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
@@ -27,6 +41,10 @@ use crate::cli::{LogFormat, OtlpProtocol};
 
 /// How long an export may take before it is abandoned.
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Spans waiting for export, at most (`OTEL_BSP_MAX_QUEUE_SIZE`, the SDK's
+/// default otherwise).
+const DEFAULT_QUEUE: usize = 2048;
 
 /// What `--log`, `--log-format` and `--otlp-*` asked for.
 #[derive(Debug)]
@@ -82,19 +100,28 @@ pub(crate) fn init(o: &Options<'_>) -> anyhow::Result<Telemetry> {
             opentelemetry::global::set_text_map_propagator(
                 opentelemetry_sdk::propagation::TraceContextPropagator::new(),
             );
+            // A second init (tests) keeps the first sampler.
+            let _ = kvgate_gateway::set_root_sampler(root_sampler());
             // Its own filter: kvgate's spans are exported whatever `--log`
-            // keeps quiet (info: the request path, feed replays and resets).
+            // keeps quiet (info: the request path, feed replays and resets),
+            // except an untraced request's.
             let spans = Targets::new()
                 .with_target("kvgate", Level::INFO)
-                .with_target("kvgate_gateway", Level::INFO);
+                .with_target("kvgate_gateway", Level::INFO)
+                .with_target(kvgate_gateway::UNTRACED_TARGET, LevelFilter::OFF);
             // Source locations, thread names and busy/idle timings would be
             // strings and counters on every span of every request: left out.
+            // Context activation would build and attach an OpenTelemetry
+            // context each time a span is entered, at every poll of a
+            // request's future; kvgate reads a span's context from the span
+            // itself (`trace_context.rs`), so it is off.
             let layer = tracing_opentelemetry::layer()
                 .with_tracer(tracer)
                 .with_location(false)
                 .with_threads(false)
                 .with_tracked_inactivity(false)
                 .with_target(false)
+                .with_context_activation(false)
                 .with_filter(spans);
             (Some(layer), Telemetry { provider: Some(provider), runtime: Some(runtime) })
         }
@@ -102,6 +129,22 @@ pub(crate) fn init(o: &Options<'_>) -> anyhow::Result<Telemetry> {
     // A second init (tests) keeps the first subscriber.
     let _ = tracing_subscriber::registry().with(fmt).with(otel).try_init();
     Ok(telemetry)
+}
+
+/// The sampler the SDK reads from `OTEL_TRACES_SAMPLER` and
+/// `OTEL_TRACES_SAMPLER_ARG` (parent-based, always on, by default), asked
+/// once per request at its root with the client's context; a request
+/// without one is asked with a fresh trace id, as the SDK would.
+fn root_sampler() -> kvgate_gateway::RootSampler {
+    let sampler = opentelemetry_sdk::trace::Config::default().sampler;
+    let ids = RandomIdGenerator::default();
+    Box::new(move |parent: &opentelemetry::Context| {
+        let client = parent.span().span_context().clone();
+        let trace_id = if client.is_valid() { client.trace_id() } else { ids.new_trace_id() };
+        let result =
+            sampler.should_sample(Some(parent), trace_id, "request", &SpanKind::Server, &[], &[]);
+        result.decision == SamplingDecision::RecordAndSample
+    })
 }
 
 /// `Some(flag)` with `--otlp-endpoint`, `Some(None)` when only the standard
@@ -168,18 +211,111 @@ fn exporter(
         }
     }
     .context("setting up the OTLP trace exporter")?;
-    let processor =
-        BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
+    let capacity = std::env::var("OTEL_BSP_MAX_QUEUE_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(DEFAULT_QUEUE);
+    let waiting = Arc::new(AtomicUsize::new(0));
+    let exporter = Counted {
+        inner: Arc::new(exporter),
+        waiting: Arc::clone(&waiting),
+        runtime: runtime.handle().clone(),
+    };
+    // The SDK's queue has room for every span the gate lets through: only
+    // the gate drops, and it counts.
+    let config = BatchConfigBuilder::default().with_max_queue_size(capacity).build();
+    let batch = BatchSpanProcessor::builder(exporter).with_batch_config(config).build();
+    let processor = Gate { inner: batch, waiting, capacity };
     let mut resource = Resource::builder();
     if std::env::var("OTEL_SERVICE_NAME").is_err() {
         resource = resource.with_service_name("kvgate");
     }
+    // The sampler has decided at each request's root (`root_sampler`):
+    // every span that reaches the SDK is one to export.
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
+        .with_sampler(Sampler::AlwaysOn)
         .with_resource(resource.build())
         .build();
     drop(_entered);
     Ok((provider, runtime))
+}
+
+/// The batch processor behind a gate that counts what it drops: the SDK's
+/// processor drops a span its queue has no room for and only logs the
+/// first. The gate lets a span through while fewer than `capacity` wait
+/// for export (queued, or batched and not yet handed to the exporter), and
+/// counts the others as dropped (`kvgate_trace_spans_dropped_total`).
+#[derive(Debug)]
+struct Gate<P> {
+    inner: P,
+    /// Spans let through and not yet handed to the exporter ([`Counted`]).
+    waiting: Arc<AtomicUsize>,
+    capacity: usize,
+}
+
+impl<P: SpanProcessor> SpanProcessor for Gate<P> {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.capacity {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            kvgate_gateway::count_dropped_spans(1);
+            return;
+        }
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The exporter, counting the spans handed to it out of [`Gate`]'s wait,
+/// and running each export on the exporter's runtime (the batch
+/// processor's thread has none; the OTLP clients need one).
+#[derive(Debug)]
+struct Counted<E> {
+    inner: Arc<E>,
+    waiting: Arc<AtomicUsize>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl<E: SpanExporter + 'static> SpanExporter for Counted<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        self.waiting.fetch_sub(batch.len(), Ordering::AcqRel);
+        let inner = Arc::clone(&self.inner);
+        match self.runtime.spawn(async move { inner.export(batch).await }).await {
+            Ok(result) => result,
+            Err(e) => Err(OTelSdkError::InternalFailure(format!("trace export task: {e}"))),
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        // Called once, before any export holds a clone.
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.set_resource(resource);
+        }
+    }
 }
 
 /// `http://host:4318` → `http://host:4318/v1/traces`; a URL with a path is

@@ -6,6 +6,12 @@
 //! and the engine receives a `traceparent` naming kvgate's send span as its
 //! parent (read off the wire by a byte pipe between kvgate and the engine).
 //! With `--log-format json`, the request's log lines carry the trace id.
+//!
+//! The endpoint picker (`kvgate epp`) continues the trace from the headers
+//! Envoy passes and names its pick's span in the `traceparent` it sets on
+//! the request Envoy forwards (this test plays Envoy's side of ext_proc).
+//! A collector that never answers fills the export queue: the spans that
+//! find no room are dropped, never waited for, and counted on `/metrics`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -14,11 +20,16 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Reply;
+use envoy_types::pb::envoy::service::ext_proc::v3::{HttpBody, HttpHeaders, ProcessingRequest};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use serde_json::Value;
-use support::{chat_ok, kvgate_cmd, spawn_sim, wait_ready, Kill};
+use support::{chat_ok, kvgate_cmd, metric, spawn_sim, wait_ready, Kill};
 
 mod support;
 
@@ -181,7 +192,8 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_engine() {
             .and_then(|a| a.value.clone())
             .map(|v| format!("{v:?}"))
     };
-    for key in ["replica", "prompt_tokens", "predicted_ttft_s", "reason", "ttft_s", "outcome"] {
+    let keys = ["replica", "prompt_tokens", "predicted_ttft_s", "reason", "ttft_s", "outcome"];
+    for key in keys.into_iter().chain(["finish_reason"]) {
         assert!(
             attr(&request, key).is_some(),
             "request span lacks {key}: {:?}",
@@ -214,4 +226,154 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_engine() {
         assert_eq!(ids, [CLIENT_TRACE], "{line}");
     }
     let _ = std::fs::remove_file(&log);
+}
+
+/// `kvgate ARGS` exporting to `collector` within 100 ms of a span's end,
+/// up to its "kvgate serving on" line: the process, the endpoint picker's
+/// address (`kvgate epp`) and the HTTP base.
+fn start(args: &[&str], collector: &str, env: &[(&str, &str)]) -> (Kill, Option<String>, String) {
+    let mut cmd = kvgate_cmd();
+    cmd.args(args)
+        .args(["--admin-listen", "127.0.0.1:0", "--log", "warn"])
+        .args(["--otlp-endpoint", collector, "--otlp-protocol", "http/protobuf"])
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .env_remove("OTEL_SERVICE_NAME")
+        .env_remove("OTEL_TRACES_SAMPLER")
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut proc = Kill(cmd.spawn().unwrap());
+    let mut out = BufReader::new(proc.0.stdout.take().unwrap());
+    let mut epp = None;
+    loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "kvgate ended before serving");
+        if let Some(a) = line.strip_prefix("kvgate endpoint picker (ext_proc gRPC) on ") {
+            epp = Some(a.trim().to_owned());
+        } else if let Some(r) = line.strip_prefix("kvgate serving on ") {
+            let base = r.split(' ').next().unwrap().to_owned();
+            return (proc, epp, base);
+        }
+    }
+}
+
+/// Waits until spans named `names` have been exported; all spans so far.
+async fn exported(spans: &Mutex<Vec<Span>>, names: &[&str]) -> Vec<Span> {
+    let t0 = Instant::now();
+    loop {
+        let got = spans.lock().unwrap().clone();
+        if names.iter().all(|n| got.iter().any(|s| s.name == *n)) {
+            return got;
+        }
+        let have: Vec<_> = got.iter().map(|s| s.name.clone()).collect();
+        assert!(t0.elapsed() < Duration::from_secs(30), "spans exported: {have:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn envoy_header(key: &str, value: &str) -> HeaderValue {
+    HeaderValue { key: key.to_owned(), value: String::new(), raw_value: value.as_bytes().to_vec() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_pick_continues_envoys_trace_and_names_itself_on_the_forwarded_request() {
+    let (collector_url, spans) = collector();
+    let sim = spawn_sim(None, false, &[]);
+    let replica = format!("{},name=r0,events={}", sim.url, sim.events);
+    let args = ["epp", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"];
+    let args: Vec<&str> = args.iter().copied().chain(["--replica", &replica]).collect();
+    let (_proc, epp, base) = start(&args, &collector_url, &[]);
+    wait_ready(&base).await;
+    let epp = epp.expect("kvgate epp names its ext_proc address");
+    let mut client = ExternalProcessorClient::connect(format!("http://{epp}")).await.unwrap();
+
+    // Envoy's side: the client's headers (its traceparent among them), then
+    // the body, in one stream.
+    let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let headers = [
+        (":method", "POST"),
+        (":path", "/v1/chat/completions"),
+        ("content-type", "application/json"),
+        ("traceparent", traceparent.as_str()),
+    ];
+    let headers = headers.iter().map(|(k, v)| envoy_header(k, v)).collect();
+    let body = serde_json::json!({
+        "model": "Qwen/Qwen3-0.6B",
+        "messages": [{"role": "user", "content": "One pick, one trace."}],
+        "max_tokens": 4,
+    });
+    let msg = |m| ProcessingRequest { request: Some(m), ..ProcessingRequest::default() };
+    let (tx, rx) = tokio::sync::mpsc::channel::<ProcessingRequest>(8);
+    tx.send(msg(Msg::RequestHeaders(HttpHeaders {
+        headers: Some(HeaderMap { headers }),
+        ..HttpHeaders::default()
+    })))
+    .await
+    .unwrap();
+    let body = HttpBody {
+        body: serde_json::to_vec(&body).unwrap(),
+        end_of_stream: true,
+        ..HttpBody::default()
+    };
+    tx.send(msg(Msg::RequestBody(body))).await.unwrap();
+    let out =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut inbound = client.process(out).await.unwrap().into_inner();
+    let first = inbound.message().await.unwrap().and_then(|r| r.response);
+    let Some(Reply::RequestHeaders(picked)) = first else { panic!("no pick: {first:?}") };
+    let set = picked.response.and_then(|c| c.header_mutation).map(|m| m.set_headers);
+    let forwarded: Vec<String> = set
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|o| o.header)
+        .filter(|h| h.key == "traceparent")
+        .map(|h| String::from_utf8(h.raw_value).unwrap())
+        .collect();
+    drop(tx);
+
+    let got = exported(&spans, &["request", "render_and_tokenize", "decide"]).await;
+    let by_name = |n: &str| got.iter().find(|s| s.name == n).unwrap().clone();
+    let request = by_name("request");
+    assert_eq!(hex(&request.trace_id), CLIENT_TRACE, "the pick continues the client's trace");
+    assert_eq!(hex(&request.parent_span_id), CLIENT_SPAN, "the client's span is the parent");
+    let door = request.attributes.iter().find(|a| a.key == "door").and_then(|a| a.value.clone());
+    assert!(format!("{door:?}").contains("epp"), "door: {door:?}");
+    for stage in ["render_and_tokenize", "decide"] {
+        let s = by_name(stage);
+        assert_eq!(hex(&s.trace_id), CLIENT_TRACE, "{stage}");
+        assert_eq!(s.parent_span_id, request.span_id, "{stage} is the pick's child");
+    }
+    // The request Envoy forwards names the pick's span: the engine's span
+    // becomes its child.
+    let expected = format!("00-{CLIENT_TRACE}-{}-01", hex(&request.span_id));
+    assert_eq!(forwarded, [expected], "traceparent set on the forwarded request");
+}
+
+/// Spans are exported in batches of one, the collector never answers, and
+/// two spans may wait: requests are answered as ever, and what finds no
+/// room in the queue is counted on `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_the_export_queue_has_no_room_for_are_dropped_and_counted() {
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    // Accepts and holds every connection, never answering.
+    std::thread::spawn(move || {
+        let held: Vec<TcpStream> = silent.incoming().map_while(Result::ok).collect();
+        drop(held);
+    });
+    let sim = spawn_sim(None, false, &[]);
+    let replica = format!("{},name=r0,events={}", sim.url, sim.events);
+    let args = ["serve", "--listen", "127.0.0.1:0", "--replica", &replica];
+    let env = [("OTEL_BSP_MAX_QUEUE_SIZE", "2"), ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")];
+    let (_proc, _, base) = start(&args, &url, &env);
+    wait_ready(&base).await;
+    let t0 = Instant::now();
+    for i in 0..5 {
+        chat_ok(&base, &format!("Dropped span {i}"), i % 2 == 0, &[]).await;
+    }
+    assert!(t0.elapsed() < Duration::from_secs(5), "requests waited for the exporter");
+    // Four spans a request, one in the stuck export and two waiting at most.
+    let dropped = metric(&base, "kvgate_trace_spans_dropped_total").await;
+    assert!(dropped >= 17.0, "dropped {dropped}");
 }

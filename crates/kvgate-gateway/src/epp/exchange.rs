@@ -300,7 +300,6 @@ impl Exchange {
         // The pick's request span, continuing the client's trace from the headers
         // Envoy passes on; the engine's span becomes its child through the
         // header set on the request Envoy forwards.
-        let span = crate::trace_context::request_span("epp", label);
         let mut trace_headers = axum::http::HeaderMap::new();
         for name in ["traceparent", "tracestate"] {
             if let Some(v) = wire::header_str(&headers, name)
@@ -309,7 +308,8 @@ impl Exchange {
                 trace_headers.insert(name, v);
             }
         }
-        crate::trace_context::continue_from(&span, &trace_headers);
+        let span = crate::trace_context::request_span("epp", label, &trace_headers);
+        let traced = crate::trace_context::is_traced(&span);
         let body = std::mem::take(&mut self.body).freeze();
         let prepare = async {
             match route {
@@ -328,8 +328,13 @@ impl Exchange {
             None => Ok(unkeyed(body)),
             }
         };
-        let prepared =
-            prepare.instrument(tracing::info_span!(parent: &span, "render_and_tokenize")).await;
+        let prepared = prepare
+            .instrument(crate::trace_context::stage_span!(
+                traced,
+                parent: &span,
+                "render_and_tokenize"
+            ))
+            .await;
         let p = match prepared {
             Ok(p) => p,
             Err(e) => return vec![self.refuse(route, RequestError::new(Reason::Invalid, *e))],
@@ -347,7 +352,7 @@ impl Exchange {
         }
         let mut attempts = Attempts::new(&ctx.placer, p.pool, exclude);
         let (routed, replica) = loop {
-            let decide = tracing::info_span!(parent: &span, "decide");
+            let decide = crate::trace_context::stage_span!(traced, parent: &span, "decide");
             let routed = match ctx.placer.place(&p, &mut attempts).instrument(decide).await {
                 Ok(r) => r,
                 Err(e) => return vec![self.refuse(route, e)],

@@ -465,3 +465,50 @@ async fn messages_and_responses_streams_end_on_their_own_end_events() {
         assert_eq!((h.stream_errors("upstream"), h.stream_errors("idle_timeout")), (0.0, 0.0));
     }
 }
+
+/// A traced stream's kept end: the finish reason and output tokens of its
+/// last events, however its bytes were split, in LF or CRLF framing, with
+/// the kept bytes starting mid-event after a long stream (the cut event is
+/// passed over, the whole ones after it read).
+#[test]
+fn a_streams_kept_tail_gives_its_finish_reason_and_output_tokens() {
+    let last = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"},\"finish_reason\":\"length\"}]}\n\n";
+    let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}\n\n";
+    let stream = format!("{TOKEN}{last}{usage}{DONE}");
+    for split in [1, 7, stream.len()] {
+        let mut t = super::Tail::default();
+        for piece in stream.as_bytes().chunks(split) {
+            t.push(piece);
+        }
+        let end = t.read();
+        assert_eq!(end.finish_reason.as_deref(), Some("length"), "split {split}");
+        assert_eq!(end.output_tokens, Some(2), "split {split}");
+    }
+    let crlf = stream.replace('\n', "\r\n");
+    let mut t = super::Tail::default();
+    t.push(crlf.as_bytes());
+    assert_eq!(t.read().output_tokens, Some(2), "CRLF");
+
+    // Far more than the tail keeps, every event a token, then the end.
+    let mut t = super::Tail::default();
+    for i in 0..10_000 {
+        t.push(numbered(i).as_bytes());
+    }
+    assert!(t.bytes.len() <= 2 * super::TAIL && t.cut);
+    t.push(last.as_bytes());
+    t.push(DONE.as_bytes());
+    let end = t.read();
+    assert_eq!((end.finish_reason.as_deref(), end.output_tokens), (Some("length"), None));
+
+    // Anthropic's and Responses' end events.
+    for (events, reason, tokens) in
+        [(&MESSAGES[..], "end_turn", Some(2)), (&RESPONSES[..], "completed", None)]
+    {
+        let mut t = super::Tail::default();
+        for e in events {
+            t.push(e.as_bytes());
+        }
+        let end = t.read();
+        assert_eq!((end.finish_reason.as_deref(), end.output_tokens), (Some(reason), tokens));
+    }
+}
