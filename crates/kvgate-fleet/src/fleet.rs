@@ -247,12 +247,7 @@ impl Fleet {
     }
 
     /// Peers: blocks a peer routed to `replica` and expects to be cached.
-    pub fn apply_peer_tentative(
-        &mut self,
-        replica: ReplicaId,
-        keys: &[BlockKey],
-        now: Instant,
-    ) {
+    pub fn apply_peer_tentative(&mut self, replica: ReplicaId, keys: &[BlockKey], now: Instant) {
         if let Some(r) = self.router_of_mut(replica) {
             r.apply_peer_tentative(replica, keys, now);
         }

@@ -78,7 +78,6 @@ fn parse_labels(mut s: &str) -> Option<(HashMap<String, String>, &str)> {
     }
 }
 
-
 pub(crate) use kvgate_fleet::{EngineScrape, LoraScrape, TransferTotals};
 
 /// Adapter names in one comma-separated label, bounded: a hostile engine

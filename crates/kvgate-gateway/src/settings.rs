@@ -42,7 +42,6 @@ impl Settings {
 
 pub(crate) use kvgate_fleet::HealthRules;
 
-
 /// How often and how patiently a monitor probes (`[monitor]`).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ProbeTiming {
