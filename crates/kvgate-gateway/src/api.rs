@@ -127,7 +127,7 @@ async fn generate(
         match prepared {
             Ok(p) => {
                 let span = tracing::Span::current();
-                span.record("prompt_tokens", p.prompt_tokens);
+                span.record("prompt_tokens", crate::trace_context::int(p.prompt_tokens));
                 span.record("stream", p.stream);
                 forward(&s.forwarder, p, &headers, permit, t0).await
             }

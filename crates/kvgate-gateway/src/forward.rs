@@ -131,11 +131,11 @@ pub(crate) fn record_decision(replica: &Replica, routed: &Routed) {
 /// The decision, on `span`.
 pub(crate) fn record_decision_on(span: &tracing::Span, replica: &Replica, routed: &Routed) {
     span.record("replica", replica.name.as_str());
-    span.record("cached_blocks", routed.cached_blocks);
+    span.record("cached_blocks", i64::from(routed.cached_blocks));
     span.record("predicted_ttft_s", routed.predicted_ttft_s);
     if let Some(e) = &routed.explanation {
         span.record("reason", e.reason.label());
-        span.record("candidates", e.candidates.len());
+        span.record("candidates", crate::trace_context::int(e.candidates.len() as u64));
         // The best predicted TTFT among the replicas not chosen: how close
         // the decision was.
         let runner_up = e
@@ -267,7 +267,7 @@ fn record_whole_end(body: &[u8], outcome: Outcome) {
         span.record("finish_reason", r.as_str());
     }
     if let Some(n) = end.output_tokens {
-        span.record("output_tokens", n);
+        span.record("output_tokens", crate::trace_context::int(n));
     }
 }
 

@@ -254,7 +254,7 @@ impl Relay {
                 self.span.record("finish_reason", r.as_str());
             }
             if let Some(n) = end.output_tokens {
-                self.span.record("output_tokens", n);
+                self.span.record("output_tokens", crate::trace_context::int(n));
             }
         }
         if let Some(e) = &error {

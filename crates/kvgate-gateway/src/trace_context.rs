@@ -109,6 +109,13 @@ macro_rules! stage_span {
 }
 pub(crate) use stage_span;
 
+/// A count as a span field: `tracing-opentelemetry` exports an unsigned
+/// field as its `Debug` text (a string attribute, formatted per record), a
+/// signed one as an integer.
+pub(crate) fn int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Whether the span the code runs in is a traced request's (or one of its
 /// stages').
 pub(crate) fn in_traced_request() -> bool {

@@ -201,6 +201,12 @@ async fn a_request_is_one_trace_from_the_client_through_kvgate_to_the_engine() {
         );
     }
 
+    // Counts are integer attributes, not their text.
+    for key in ["prompt_tokens", "cached_blocks"] {
+        let v = attr(&request, key).unwrap();
+        assert!(v.contains("IntValue"), "{key}: {v}");
+    }
+
     // The engine saw kvgate's send span as the parent, in the same trace.
     let send = by_name("send");
     let expected = format!("00-{CLIENT_TRACE}-{}-01", hex(&send.span_id));

@@ -393,7 +393,7 @@ impl Exchange {
             }
             None => {}
         }
-        span.record("prompt_tokens", p.prompt_tokens);
+        span.record("prompt_tokens", crate::trace_context::int(p.prompt_tokens));
         crate::forward::record_decision_on(&span, &replica, &routed);
         let trace = crate::trace_context::headers_for(&span);
         for (name, value) in &trace {
