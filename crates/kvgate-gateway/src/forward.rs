@@ -252,13 +252,18 @@ async fn respond(
     }
 }
 
+/// Largest whole answer read for its finish reason and output tokens: a
+/// longer one's are not recorded (its parse would cost more than the rest
+/// of the request).
+const MAX_END_READ: usize = 4 << 20;
+
 /// Records a whole answer's end on the request's span: its outcome, and
 /// when the request is traced (exported) its finish reason and output
 /// tokens, read from the body (a parse only traced requests pay for).
 fn record_whole_end(body: &[u8], outcome: Outcome) {
     let span = tracing::Span::current();
     span.record("outcome", if outcome == Outcome::Finished { "finished" } else { "error" });
-    if !crate::trace_context::is_traced(&span) {
+    if !crate::trace_context::is_traced(&span) || body.len() > MAX_END_READ {
         return;
     }
     let mut end = kvgate_openai::AnswerEnd::default();
