@@ -23,7 +23,7 @@ mod window;
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -43,6 +43,7 @@ use crate::fleet_view::FleetView;
 use crate::metrics::Metrics;
 use crate::request_error::Reason;
 use crate::response::error_response;
+use crate::settings::DashboardTiming;
 use crate::throttle::{self, ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 use hub::{FrameText, Hub, Sampler};
 use session::{Sessions, COOKIE};
@@ -51,6 +52,8 @@ use session::{Sessions, COOKIE};
 #[derive(Debug)]
 pub(crate) struct DashboardContext {
     pub(crate) config: DashboardConfig,
+    /// `config`'s durations (`settings.rs`).
+    pub(crate) timing: DashboardTiming,
     /// `auth.admin_key`: as a header it opens the dashboard, and a login
     /// trades it for a cookie.
     pub(crate) admin_key: Option<String>,
@@ -95,13 +98,18 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; conn
 /// The dashboard's routes, for the admin router. Empty when
 /// `dashboard.enabled` is off.
 pub(crate) fn routes(ctx: DashboardContext) -> Router {
-    let DashboardContext { config, admin_key, throttle, metrics, view, closing } = ctx;
+    let DashboardContext { config, timing, admin_key, throttle, metrics, view, closing } = ctx;
     if !config.enabled {
         return Router::new();
     }
-    let sessions = Sessions::new(Duration::from_secs(config.session_s));
-    let sampler =
-        Arc::new(Sampler { config, view, metrics: Arc::clone(&metrics), closing: closing.clone() });
+    let sessions = Sessions::new(timing.session);
+    let sampler = Arc::new(Sampler {
+        config,
+        timing,
+        view,
+        metrics: Arc::clone(&metrics),
+        closing: closing.clone(),
+    });
     let dash = Arc::new(Dashboard {
         admin_key,
         throttle,

@@ -10,13 +10,14 @@
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::watch;
 
 use crate::cluster_config::DiscoveryConfig;
 use crate::config::ReplicaConfig;
 use crate::registry::Registry;
+use crate::settings::DiscoveryTiming;
 
 /// What to do after a lookup, given the discovered replicas by name.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -73,12 +74,13 @@ fn replica_config(d: &DiscoveryConfig, pool: &str, ip: IpAddr) -> ReplicaConfig 
 /// needs.
 pub(crate) async fn run(
     d: DiscoveryConfig,
+    timing: DiscoveryTiming,
     pool: String,
     registry: Arc<Registry>,
     mut stop: watch::Receiver<bool>,
 ) {
     let Some(dns) = d.dns.clone() else { return };
-    let mut tick = tokio::time::interval(Duration::from_millis(d.interval_ms));
+    let mut tick = tokio::time::interval(timing.interval);
     let mut discovered: BTreeSet<String> = BTreeSet::new();
     let mut ips: HashMap<String, IpAddr> = HashMap::new();
     let mut draining: HashMap<String, Instant> = HashMap::new();
@@ -129,7 +131,7 @@ pub(crate) async fn run(
             }
         }
         // Remove drained engines once idle, or when the drain time is up.
-        let limit = Duration::from_millis(d.drain_ms);
+        let limit = timing.drain;
         let done: Vec<String> = draining
             .iter()
             .filter(|(name, since)| {

@@ -24,7 +24,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tracing::Instrument;
 
 use axum::body::Bytes;
@@ -45,6 +45,7 @@ use crate::locks::lock;
 use crate::metrics::Metrics;
 use crate::peer_state::{Known, Peers, Target, TargetStats};
 use crate::request_error::Reason;
+use crate::settings::PeerTiming;
 use crate::throttle::{self, ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 
 /// The path peers post to.
@@ -57,6 +58,8 @@ pub(crate) const CHANGES_PATH: &str = "/peer/v1/changes";
 #[derive(Debug)]
 pub(crate) struct PeerContext {
     pub(crate) config: PeersConfig,
+    /// `config`'s durations (`settings.rs`).
+    pub(crate) timing: PeerTiming,
     /// `http` or `https`: how peers found by DNS are reached (as this
     /// instance serves, `tls.cert`).
     pub(crate) scheme: &'static str,
@@ -228,9 +231,7 @@ pub(crate) async fn run(ctx: Arc<PeerContext>, mut stop: watch::Receiver<bool>) 
     for u in &cfg.urls {
         add_target(&ctx, u.trim_end_matches('/'));
     }
-    let flush = Duration::from_millis(cfg.flush_ms);
-    let heartbeat = Duration::from_millis(cfg.timeout_ms / 3);
-    let resolve_every = Duration::from_millis(cfg.resolve_interval_ms);
+    let PeerTiming { flush, heartbeat, resolve_every, .. } = ctx.timing;
     let mut tick = tokio::time::interval(flush);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut last_sent, mut last_resolved) = (Instant::now() - heartbeat, None::<Instant>);
@@ -285,7 +286,7 @@ pub(crate) async fn run(ctx: Arc<PeerContext>, mut stop: watch::Receiver<bool>) 
 
 /// Releases the bookings of peers silent for longer than the timeout.
 fn forget_silent(ctx: &PeerContext, now: Instant) {
-    let timeout = Duration::from_millis(ctx.config.timeout_ms);
+    let timeout = ctx.timing.timeout;
     let gone: Vec<(String, PeerId)> = lock(&ctx.peers.known)
         .iter()
         .filter(|(_, k)| now.saturating_duration_since(k.last_seen) > timeout)
@@ -347,7 +348,7 @@ async fn send_loop(
 ) {
     let endpoint = format!("{url}{CHANGES_PATH}");
     let key = ctx.config.key.clone().unwrap_or_default();
-    let timeout = Duration::from_millis(ctx.config.timeout_ms);
+    let timeout = ctx.timing.timeout;
     let mut failing = false;
     while let Some(body) = rx.recv().await {
         let sent = ctx

@@ -29,6 +29,7 @@ use crate::error::StartError;
 use crate::request_error::Reason;
 use crate::response::{error_response, error_response_in};
 use crate::route::{Api, Route};
+use crate::settings::{DiscoveryTiming, Settings};
 use crate::state::Shared;
 use crate::throttle::{ClientAddr, KeyKind, KeyVerdict};
 use crate::tls::{ServerTls, ALPN_H2, ALPN_HTTP1};
@@ -172,7 +173,7 @@ fn serve(
     stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
     let limits = &shared.config.limits;
-    let header_timeout = Duration::from_millis(limits.header_read_timeout_ms);
+    let header_timeout = shared.settings.server.header_read;
     // hyper refuses buffers under 8 KiB.
     let max_buf = limits.max_header_bytes.max(8192);
     let connections = Arc::clone(&shared.connections);
@@ -272,9 +273,11 @@ impl Gateway {
         config.validate()?;
         let tokenizers = crate::pool::load_tokenizers(&config.pools())?;
         // TLS files are read and checked before anything listens.
-        let server_tls = ServerTls::load(&config.tls).map_err(StartError::Tls)?;
+        let settings = Settings::from_config(&config);
+        let server_tls =
+            ServerTls::load(&config.tls, settings.tls_reload).map_err(StartError::Tls)?;
         let connect = Connect {
-            connect_timeout: Duration::from_millis(config.limits.connect_timeout_ms),
+            connect_timeout: settings.server.connect,
             idle_timeout: Duration::from_secs(90),
             tls: crate::tls::client_config(&config.tls).map_err(StartError::Tls)?,
         };
@@ -312,7 +315,7 @@ impl Gateway {
         };
         let engines =
             Arc::new(HttpEngines::new(client.clone(), connect).map_err(StartError::Client)?);
-        let shared = Arc::new(Shared::new(config, tokenizers, engines, client)?);
+        let shared = Arc::new(Shared::new(config, settings, tokenizers, engines, client)?);
         for r in shared.config.all_replicas() {
             let name = r.display_name().to_owned();
             shared.registry.add_ranks(r).map_err(|reason| StartError::Replica { name, reason })?;
@@ -364,7 +367,9 @@ impl Gateway {
         }
         for pool in shared.config.pools().into_iter().filter(|p| p.discovery.dns.is_some()) {
             let registry = Arc::clone(&shared.registry);
-            let run = crate::discovery::run(pool.discovery, pool.name, registry, stop_rx.clone());
+            let timing = DiscoveryTiming::of(&pool.discovery);
+            let run =
+                crate::discovery::run(pool.discovery, timing, pool.name, registry, stop_rx.clone());
             servers.push(tokio::spawn(run));
         }
         tracing::info!(
@@ -463,7 +468,7 @@ impl Gateway {
         self.shared.closing.send_replace(true);
         let _ = self.stop_accepting.send(true);
         let max = self.shared.config.limits.max_concurrent_requests;
-        let grace = Duration::from_millis(self.shared.config.limits.shutdown_grace_ms);
+        let grace = self.shared.settings.server.shutdown_grace;
         let all = u32::try_from(max).unwrap_or(u32::MAX);
         let drained = tokio::time::timeout(grace, self.shared.inflight.acquire_many(all)).await;
         let left = match drained {

@@ -89,6 +89,7 @@ impl Shared {
     /// one tokenizer per pool (`GatewayConfig::pools` order).
     pub(crate) fn new(
         config: GatewayConfig,
+        settings: Settings,
         tokenizers: Vec<Arc<TokenizeService>>,
         engines: Arc<dyn EngineClient>,
         client: reqwest::Client,
@@ -137,7 +138,6 @@ impl Shared {
             );
         }
         let (closing, _) = watch::channel(false);
-        let settings = Settings::from_config(&config);
         let mut core = Fleet::new(routers, settings.health);
         for (id, side) in prefill_sides {
             core.add_prefill_side(id, side, kvgate_router::Disagg::new(config.disagg.planner()));
@@ -169,9 +169,7 @@ impl Shared {
                 engines: Arc::clone(&engines),
                 fleet: Arc::clone(&fleet),
                 replicas: Arc::clone(&replicas),
-                timeout: std::time::Duration::from_millis(
-                    config.limits.first_byte_timeout_ms.min(120_000),
-                ),
+                timeout: settings.request.first_byte.min(std::time::Duration::from_secs(120)),
                 loading: Default::default(),
             }),
             connections: Arc::new(Semaphore::new(config.limits.max_connections)),
@@ -294,6 +292,7 @@ impl Shared {
     pub(crate) fn dashboard_context(&self) -> DashboardContext {
         DashboardContext {
             config: self.config.dashboard.clone(),
+            timing: self.settings.dashboard,
             admin_key: self.config.auth.admin_key.clone(),
             throttle: Arc::clone(&self.key_throttle),
             metrics: Arc::clone(&self.metrics),
@@ -306,6 +305,7 @@ impl Shared {
     pub(crate) fn peer_context(&self) -> Arc<PeerContext> {
         Arc::new(PeerContext {
             config: self.config.peers.clone(),
+            timing: self.settings.peers,
             scheme: self.config.tls.scheme(),
             peers: Arc::clone(&self.peers),
             fleet: Arc::clone(&self.fleet),
@@ -327,6 +327,7 @@ pub(crate) fn request_path_for_tests(
     engines: Arc<dyn EngineClient>,
 ) -> Result<(Arc<ApiContext>, Arc<Registry>), StartError> {
     let tokenizers = vec![tokenizer; config.pools().len()];
-    let shared = Shared::new(config, tokenizers, engines, reqwest::Client::new())?;
+    let settings = Settings::from_config(&config);
+    let shared = Shared::new(config, settings, tokenizers, engines, reqwest::Client::new())?;
     Ok((shared.api_context(), Arc::clone(&shared.registry)))
 }

@@ -128,7 +128,7 @@ pub(crate) struct ServerTls {
 impl ServerTls {
     /// The listeners' TLS for `c`, `None` when `tls.cert` is unset. Reads
     /// and checks the files now: a bad pair stops the start.
-    pub(crate) fn load(c: &TlsConfig) -> Result<Option<Arc<ServerTls>>, String> {
+    pub(crate) fn load(c: &TlsConfig, reload: Duration) -> Result<Option<Arc<ServerTls>>, String> {
         let (Some(cert), Some(key)) = (&c.cert, &c.key) else { return Ok(None) };
         let identity = load_identity(cert, key)?;
         let client_roots = c.client_ca.as_deref().map(roots).transpose()?;
@@ -137,7 +137,7 @@ impl ServerTls {
             key: key.clone(),
             current: Arc::new(ReloadingCert(ArcSwap::new(identity))),
             client_roots,
-            reload: Duration::from_millis(c.reload_ms),
+            reload,
         })))
     }
 

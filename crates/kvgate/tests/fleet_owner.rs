@@ -132,3 +132,48 @@ fn the_whole_state_check_matches_whole_words_only() {
     assert!(!names("struct SharedState;", "Shared"));
     assert!(!names("UnShared", "Shared"));
 }
+
+/// Every duration in the configuration is converted once, in `settings.rs`:
+/// no other gateway file builds a `Duration` from a config field (a
+/// `config` path, or a field named `*_ms` or `*_s`).
+#[test]
+fn config_durations_are_converted_only_in_settings() {
+    let mut found = Vec::new();
+    for (file, text) in sources() {
+        if file == "settings.rs" || file.ends_with("tests.rs") || file.contains("/tests/") {
+            continue;
+        }
+        let code: String =
+            text.lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n");
+        for ctor in ["Duration::from_millis(", "Duration::from_secs("] {
+            for (at, _) in code.match_indices(ctor) {
+                // The argument: up to the parenthesis that closes the call.
+                let mut depth = 1;
+                let arg: String = code[at + ctor.len()..]
+                    .chars()
+                    .take_while(|&c| {
+                        depth += match c {
+                            '(' => 1,
+                            ')' => -1,
+                            _ => 0,
+                        };
+                        depth > 0
+                    })
+                    .collect();
+                let raw = arg.contains("config")
+                    || arg
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .any(|w| w.ends_with("_ms") || (w.ends_with("_s") && w.len() > 2));
+                if raw {
+                    let line = code[..at].matches('\n').count() + 1;
+                    found.push(format!("{file}:{line}: {ctor}{}", arg.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "config durations converted outside settings.rs:\n{}",
+        found.join("\n")
+    );
+}

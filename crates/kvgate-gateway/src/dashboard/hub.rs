@@ -6,7 +6,7 @@
 //! one does.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::watch;
 
@@ -17,6 +17,7 @@ use crate::decision_json::recent_decisions_json;
 use crate::fleet_view::FleetView;
 use crate::locks::lock;
 use crate::metrics::Metrics;
+use crate::settings::DashboardTiming;
 
 /// The latest frame, as JSON text.
 pub(crate) type FrameText = Option<Arc<str>>;
@@ -27,6 +28,8 @@ pub(crate) type FrameText = Option<Arc<str>>;
 #[derive(Debug)]
 pub(crate) struct Sampler {
     pub(crate) config: DashboardConfig,
+    /// `config`'s durations (`settings.rs`).
+    pub(crate) timing: DashboardTiming,
     pub(crate) view: Arc<FleetView>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) closing: watch::Receiver<bool>,
@@ -64,9 +67,9 @@ impl Hub {
 
 async fn sample(hub: Arc<Hub>, s: Arc<Sampler>) {
     let c = &s.config;
-    let window_span = Duration::from_secs(c.window_s);
+    let window_span = s.timing.window;
     let mut window = Window::new(window_span);
-    let mut tick = tokio::time::interval(Duration::from_millis(c.interval_ms));
+    let mut tick = tokio::time::interval(s.timing.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seq = 0u64;
     loop {
