@@ -7,6 +7,7 @@
 //! stream error tails and first-token detection are tested without sockets.
 
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
@@ -47,19 +48,73 @@ impl Debug for EngineResponse {
 }
 
 /// Why a request got no answer.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) enum SendError {
     /// Nothing listens (connection refused, unreachable).
-    Unreachable(String),
+    Unreachable(Cause),
     /// Anything else (reset, TLS, a body that broke, a non-2xx probe).
-    Failed(String),
+    Failed(Cause),
+}
+
+impl SendError {
+    fn cause(&self) -> &Cause {
+        match self {
+            SendError::Unreachable(c) | SendError::Failed(c) => c,
+        }
+    }
 }
 
 impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SendError::Unreachable(e) | SendError::Failed(e) => f.write_str(e),
-        }
+        f.write_str(&self.cause().text)
+    }
+}
+
+impl std::error::Error for SendError {
+    /// The HTTP client's own error, whose chain reaches the I/O error.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let e = self.cause().error.as_deref()?;
+        Some(e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// What went wrong: its text with every cause (what logs and answers say),
+/// and the error itself where there is one, so that `source()` reaches the
+/// engine's I/O error.
+#[derive(Clone, Debug)]
+pub(crate) struct Cause {
+    text: String,
+    error: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Cause {
+    fn of<E: std::error::Error + Send + Sync + 'static>(e: E) -> Cause {
+        Cause { text: with_causes(&e), error: Some(Arc::new(e)) }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(text: &str) -> Cause {
+        Cause { text: text.to_owned(), error: None }
+    }
+}
+
+impl From<String> for Cause {
+    fn from(text: String) -> Cause {
+        Cause { text, error: None }
+    }
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// Equal by what they say.
+impl PartialEq for Cause {
+    fn eq(&self, other: &Cause) -> bool {
+        self.text == other.text
     }
 }
 
@@ -147,20 +202,18 @@ impl HttpEngines {
 }
 
 fn post_error(e: hyper_util::client::legacy::Error) -> SendError {
-    let text = with_causes(&e);
     if e.is_connect() {
-        SendError::Unreachable(text)
+        SendError::Unreachable(Cause::of(e))
     } else {
-        SendError::Failed(text)
+        SendError::Failed(Cause::of(e))
     }
 }
 
 fn send_error(e: reqwest::Error) -> SendError {
-    let text = with_causes(&e);
     if e.is_connect() {
-        SendError::Unreachable(text)
+        SendError::Unreachable(Cause::of(e))
     } else {
-        SendError::Failed(text)
+        SendError::Failed(Cause::of(e))
     }
 }
 
@@ -248,7 +301,7 @@ impl EngineClient for HttpEngines {
         Box::pin(async move {
             let resp = rb.send().await.map_err(send_error)?;
             if !resp.status().is_success() {
-                return Err(SendError::Failed(format!("HTTP {}", resp.status())));
+                return Err(SendError::Failed(format!("HTTP {}", resp.status()).into()));
             }
             resp.text().await.map_err(send_error)
         })
@@ -331,7 +384,18 @@ mod tests {
         };
         let e = engines().post(req(None)).await.expect_err("refused");
         assert!(matches!(e, SendError::Unreachable(_)), "{e:?}");
+        // Its cause chain reaches the refused connection's I/O error.
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        let mut io_kind = None;
+        while let Some(c) = cause {
+            io_kind = io_kind.or(c.downcast_ref::<std::io::Error>().map(|io| io.kind()));
+            cause = c.source();
+        }
+        assert_eq!(io_kind, Some(std::io::ErrorKind::ConnectionRefused), "{e:?}");
         let e = engines().post(req(Some("bad\nkey"))).await.expect_err("bad key");
-        assert!(matches!(e, SendError::Failed(ref m) if m.contains("API key")), "{e:?}");
+        assert!(
+            matches!(e, SendError::Failed(ref m) if m.to_string().contains("API key")),
+            "{e:?}"
+        );
     }
 }

@@ -102,19 +102,16 @@ async fn send_in(
                 ErrorResponse::timeout(format!("replica {} did not answer in time", replica.name));
             return Err(RequestError::new(Reason::Timeout, e));
         }
-        Ok(Err(SendError::Unreachable(e))) => {
-            // Nothing listens there (refused, unreachable): the replica is
-            // gone, not slow; take it out of rotation at once.
-            let error = format!("connect failed: {e}");
-            fwd.fleet.failed(replica.id, error, Failure::Unreachable, Instant::now());
+        Ok(Err(err)) => {
+            if matches!(err, SendError::Unreachable(_)) {
+                // Nothing listens there (refused, unreachable): the replica
+                // is gone, not slow; take it out of rotation at once.
+                let error = format!("connect failed: {err}");
+                fwd.fleet.failed(replica.id, error, Failure::Unreachable, Instant::now());
+            }
             let e =
-                ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name));
-            return Err(RequestError::new(Reason::Connect, e));
-        }
-        Ok(Err(SendError::Failed(e))) => {
-            let e =
-                ErrorResponse::bad_gateway(format!("replica {} unreachable: {e}", replica.name));
-            return Err(RequestError::new(Reason::Connect, e));
+                ErrorResponse::bad_gateway(format!("replica {} unreachable: {err}", replica.name));
+            return Err(RequestError::new(Reason::Connect, e).caused_by(err));
         }
         Ok(Ok(r)) => r,
     };

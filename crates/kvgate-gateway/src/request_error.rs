@@ -142,11 +142,48 @@ pub(crate) struct RequestError {
     pub(crate) body: ErrorResponse,
     /// `Retry-After` on the answer, for refusals a client should retry.
     pub(crate) retry_after: Option<Duration>,
+    /// What caused it, where something did (an engine's send error, whose
+    /// own chain reaches the I/O error): `source()`.
+    cause: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (HTTP {})", self.reason.label(), self.status())
+    }
+}
+
+impl std::error::Error for RequestError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let e = self.cause.as_deref()?;
+        Some(e as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl RequestError {
     pub(crate) fn new(reason: Reason, body: ErrorResponse) -> RequestError {
-        RequestError { reason, body, retry_after: None }
+        RequestError { reason, body, retry_after: None, cause: None }
+    }
+
+    /// The error that caused this one.
+    pub(crate) fn caused_by(
+        mut self,
+        cause: impl std::error::Error + Send + Sync + 'static,
+    ) -> RequestError {
+        self.cause = Some(Box::new(cause));
+        self
+    }
+
+    /// This error and each of its causes, `: `-separated (for the log).
+    pub(crate) fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut next = std::error::Error::source(self);
+        while let Some(e) = next {
+            text.push_str(": ");
+            text.push_str(&e.to_string());
+            next = e.source();
+        }
+        text
     }
 
     pub(crate) fn retry_after(mut self, after: Duration) -> RequestError {
@@ -178,5 +215,31 @@ mod tests {
         let retry: Vec<_> =
             Reason::ALL.iter().filter(|r| r.retryable()).map(|r| r.label()).collect();
         assert_eq!(retry, ["connect", "status_5xx", "timeout"]);
+    }
+
+    #[test]
+    fn a_cause_is_the_source_and_its_own_causes_follow() {
+        #[derive(Debug)]
+        struct Send(std::io::Error);
+        impl std::fmt::Display for Send {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("send failed")
+            }
+        }
+        impl std::error::Error for Send {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = RequestError::new(Reason::Connect, ErrorResponse::bad_gateway("unreachable"))
+            .caused_by(Send(io));
+        let source = std::error::Error::source(&e).expect("a source");
+        assert_eq!(source.to_string(), "send failed");
+        let io = source.source().and_then(|s| s.downcast_ref::<std::io::Error>()).expect("io");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionReset);
+        assert_eq!(e.chain(), "connect (HTTP 502): send failed: reset by peer");
+        let plain = RequestError::new(Reason::NoReplica, ErrorResponse::bad_gateway("none"));
+        assert!(std::error::Error::source(&plain).is_none());
     }
 }

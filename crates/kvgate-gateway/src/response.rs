@@ -42,10 +42,19 @@ pub(crate) fn answer(
     count(metrics, label(route), replica, e);
     // On the request's span (and its exported trace), with its kind.
     tracing::Span::current().record("error", e.reason.label());
+    log_cause(replica, e);
     let r = error_response_in(api(route), &e.body);
     match e.retry_after {
         Some(after) => with_retry_after(r, after),
         None => r,
+    }
+}
+
+/// An error with a cause is logged with the whole chain (the client's
+/// answer says only what it may see).
+fn log_cause(replica: &str, e: &RequestError) {
+    if std::error::Error::source(e).is_some() {
+        tracing::debug!(replica, error = %e.chain(), "request failed");
     }
 }
 
@@ -59,6 +68,7 @@ pub(crate) fn immediate(
     e: &RequestError,
 ) -> ProcessingResponse {
     count(metrics, label(route), replica, e);
+    log_cause(replica, e);
     let mut headers = Vec::new();
     if let Some(after) = e.retry_after {
         headers.push(("retry-after", retry_after_secs(after).to_string().into_bytes()));
