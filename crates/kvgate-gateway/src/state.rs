@@ -17,29 +17,29 @@ use tokio::sync::{watch, Semaphore};
 use crate::config::GatewayConfig;
 use kvgate_router::Router;
 
-use crate::adapter_load::AdapterLoader;
-use crate::admin::AdminContext;
-use crate::admission::Admission;
-use crate::api::ApiContext;
-use crate::dashboard::DashboardContext;
-use crate::directory::Directory;
-use crate::engine_client::EngineClient;
-use crate::epp::EppContext;
+use crate::config::settings::Settings;
+use crate::doors::admin::AdminContext;
+use crate::doors::api::ApiContext;
+use crate::doors::dashboard::DashboardContext;
+use crate::doors::epp::EppContext;
+use crate::doors::peer_state::Peers;
+use crate::doors::peers::PeerContext;
+use crate::doors::shed::Shedding;
+use crate::doors::throttle::{ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 use crate::error::{ConfigError, StartError};
-use crate::fleet::Fleet;
-use crate::fleet_handle::FleetHandle;
-use crate::fleet_view::FleetView;
-use crate::forward::Forwarder;
-use crate::metrics::Metrics;
-use crate::peer_state::Peers;
-use crate::peers::PeerContext;
-use crate::placement::Placer;
-use crate::pool::{Pool, Pools};
-use crate::prepare::Preparer;
-use crate::registry::Registry;
-use crate::settings::Settings;
-use crate::shed::Shedding;
-use crate::throttle::{ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
+use crate::observe::metrics::Metrics;
+use crate::replicas::directory::Directory;
+use crate::replicas::fleet::Fleet;
+use crate::replicas::fleet_handle::FleetHandle;
+use crate::replicas::fleet_view::FleetView;
+use crate::replicas::pool::{Pool, Pools};
+use crate::replicas::registry::Registry;
+use crate::request::adapter_load::AdapterLoader;
+use crate::request::admission::Admission;
+use crate::request::engine_client::EngineClient;
+use crate::request::forward::Forwarder;
+use crate::request::placement::Placer;
+use crate::request::prepare::Preparer;
 
 /// Everything the gateway is made of. Named only by the wiring
 /// (`crates/kvgate/tests/fleet_owner.rs` checks).
@@ -72,7 +72,7 @@ pub(crate) struct Shared {
     pub(crate) block_size: u32,
     /// The key of the response ids Responses API clients get
     /// (`auth.affinity_key`, or one drawn for this process).
-    pub(crate) affinity: crate::affinity::AffinityKey,
+    pub(crate) affinity: crate::request::affinity::AffinityKey,
     /// Set on shutdown: new requests get 503.
     pub(crate) closing: watch::Sender<bool>,
     /// Peer instances (load sharing).
@@ -130,7 +130,8 @@ impl Shared {
         }
         let pools = Arc::new(Pools::new(pools));
         let block_size = config.block_size();
-        let affinity = crate::affinity::AffinityKey::new(config.auth.affinity_key.as_deref());
+        let affinity =
+            crate::request::affinity::AffinityKey::new(config.auth.affinity_key.as_deref());
         if !affinity.shared {
             tracing::info!(
                 "no auth.affinity_key: Responses API ids verify on this instance only; give \
@@ -199,7 +200,14 @@ impl Shared {
         presented: bool,
         ok: bool,
     ) -> KeyVerdict {
-        crate::throttle::verdict(&self.key_throttle, &self.metrics, addr, kind, presented, ok)
+        crate::doors::throttle::verdict(
+            &self.key_throttle,
+            &self.metrics,
+            addr,
+            kind,
+            presented,
+            ok,
+        )
     }
 
     /// The client-facing handlers' context, the request path's stages in it.

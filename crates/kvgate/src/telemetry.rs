@@ -2,7 +2,7 @@
 //! lines, and, when a collector is configured, kvgate's spans exported over
 //! OTLP with the W3C trace context as the process's propagator (the gateway
 //! continues a client's `traceparent` and hands its own to the engine,
-//! `kvgate-gateway/src/trace_context.rs`).
+//! `kvgate-gateway/src/request/trace_context.rs`).
 //!
 //! Export goes through the SDK's batch processor, on its thread: a request
 //! only puts its ended spans in a queue, which wakes no one (the thread

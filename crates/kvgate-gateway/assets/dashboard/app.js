@@ -1,5 +1,5 @@
 // The dashboard: reads frames from /dashboard/stream (server-sent events,
-// one JSON frame per interval; fields in crates/kvgate-gateway/src/dashboard/frame.rs),
+// one JSON frame per interval; fields in crates/kvgate-gateway/src/doors/dashboard/frame.rs),
 // keeps their history here for the charts (the gateway keeps none), and
 // updates the page in place so that nothing flickers.
 import { LineChart } from '/dashboard/assets/chart.js';

@@ -1,0 +1,294 @@
+//! Routing and forwarding one prepared request: decide (waiting while every
+//! replica is busy), send it to the chosen replica with the engine's key,
+//! retry on another replica when the connection fails or the engine answers
+//! 5xx before any byte reached the client, then hand the response to the
+//! relay (streams) or return it whole.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::Instrument;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use kvgate_openai::ErrorResponse;
+use kvgate_router::{Outcome, Routed};
+
+use crate::doors::shed::InflightPermit;
+use crate::replicas::replica::Replica;
+use crate::replicas::replica_status::Failure;
+use crate::request::booking::HeldBooking;
+use crate::request::conversation;
+use crate::request::engine_client::EngineResponse;
+pub(crate) use crate::request::forwarder::Forwarder;
+use crate::request::forwarder::{read_capped, send, MAX_WHOLE_RESPONSE};
+use crate::request::pd_forward::{self, Split};
+use crate::request::placement::Attempts;
+use crate::request::prepare::Prepared;
+use crate::request::relay::{Relay, RelayContext};
+use crate::request::request_error::{Reason, RequestError};
+use crate::request::response::answer;
+use crate::request::route::Route;
+
+/// Routes and forwards `p`; `permit` bounds concurrency for the whole life
+/// of the response, streaming included.
+pub(crate) async fn forward(
+    fwd: &Forwarder,
+    p: Prepared,
+    client_headers: &HeaderMap,
+    permit: InflightPermit,
+    t0: Instant,
+) -> Response {
+    let route = Some(p.route);
+    let fwd_headers = crate::doors::auth::forwarded(client_headers);
+    let mut exclude = match fwd.placer.not_serving(&p).await {
+        Ok(x) => x,
+        Err(e) => return answer(&fwd.metrics, route, "", &e),
+    };
+    // A continued Responses conversation goes to the replica holding it,
+    // or nowhere: every other replica is excluded.
+    if let Some(c) = &p.continues {
+        let what = format!("previous_response_id '{}'", c.client_id);
+        match conversation::owner(&fwd.replicas, &fwd.fleet, &c.owner, Some(p.pool), &what, false) {
+            Ok(owner) => exclude.extend(conversation::all_but(&fwd.replicas, owner.id)),
+            Err(e) => return answer(&fwd.metrics, route, &c.owner, &e),
+        }
+    }
+    let mut attempts = Attempts::new(&fwd.placer, p.pool, exclude);
+    let max_retries = fwd.limits.max_retries;
+    // A disaggregated pool plans first: split (both hops run here), or
+    // whole on the decode replica it chose, or whole wherever placement
+    // decides below.
+    let mut planned = None;
+    if p.disaggregated && p.continues.is_none() {
+        match pd_forward::split(fwd, &p, &fwd_headers, &mut attempts).await {
+            Split::Decoded { replica, routed, booking, resp } => {
+                replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                fwd.placer.count_prompt(&p, 0);
+                record_decision(&replica, &routed);
+                return respond(fwd, &p, replica, routed, booking, resp, permit, t0).await;
+            }
+            Split::Whole(routed) => planned = routed,
+        }
+    }
+    loop {
+        let placed = match planned.take() {
+            Some(r) => Ok(r),
+            // The decision, with the admission wait when every replica is busy.
+            None => {
+                let traced = crate::request::trace_context::in_traced_request();
+                let span = crate::request::trace_context::stage_span!(traced, "decide");
+                fwd.placer.place(&p, &mut attempts).instrument(span).await
+            }
+        };
+        let routed = match placed {
+            Ok(r) => r,
+            Err(e) => return answer(&fwd.metrics, route, "", &e),
+        };
+        // Held from here: a request dropped while the engine is asked
+        // (the client went away) releases its booking on the way out.
+        let booking = HeldBooking::new(Arc::clone(&fwd.fleet), routed.booking);
+        let Some(replica) = fwd.replicas.get(routed.replica) else {
+            // Removed between the decision and now.
+            booking.finish(Outcome::Error);
+            attempts.exclude.push(routed.replica);
+            continue;
+        };
+        match send(fwd, &p, &replica, &fwd_headers).await {
+            Ok(resp) => {
+                replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let cached = u64::from(routed.cached_blocks) * u64::from(fwd.block_size);
+                fwd.placer.count_prompt(&p, cached);
+                record_decision(&replica, &routed);
+                return respond(fwd, &p, replica, routed, booking, resp, permit, t0).await;
+            }
+            Err(err) => {
+                booking.finish(Outcome::Error);
+                let (reason, message) = (err.reason.label(), &err.body.error.message);
+                tracing::warn!(replica = %replica.name, %reason, error = %message, "engine failed; trying another replica");
+                fwd.fleet.failed(replica.id, message.clone(), Failure::Error, Instant::now());
+                fwd.metrics.count(err.reason);
+                attempts.exclude.push(replica.id);
+                // A pinned request has no other replica to try.
+                if !err.reason.retryable()
+                    || attempts.tried() > max_retries as usize
+                    || p.continues.is_some()
+                {
+                    return answer(&fwd.metrics, route, &replica.name, &err);
+                }
+                attempts.last_error = Some(err);
+            }
+        }
+    }
+}
+
+/// The decision, on the request's span.
+pub(crate) fn record_decision(replica: &Replica, routed: &Routed) {
+    record_decision_on(&tracing::Span::current(), replica, routed);
+    tracing::debug!("routed");
+}
+
+/// The decision, on `span`.
+pub(crate) fn record_decision_on(span: &tracing::Span, replica: &Replica, routed: &Routed) {
+    span.record("replica", replica.name.as_str());
+    span.record("cached_blocks", i64::from(routed.cached_blocks));
+    span.record("predicted_ttft_s", routed.predicted_ttft_s);
+    if let Some(e) = &routed.explanation {
+        span.record("reason", e.reason.label());
+        span.record("candidates", crate::request::trace_context::int(e.candidates.len() as u64));
+        // The best predicted TTFT among the replicas not chosen: how close
+        // the decision was.
+        let runner_up = e
+            .candidates
+            .iter()
+            .filter(|c| c.replica != routed.replica)
+            .map(|c| c.predicted_ttft_s)
+            .min_by(f64::total_cmp);
+        if let Some(t) = runner_up {
+            span.record("runner_up_ttft_s", t);
+        }
+    }
+}
+
+fn response_headers(fwd: &Forwarder, replica: &Replica, upstream: &HeaderMap) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for name in [header::CONTENT_TYPE, header::HeaderName::from_static("x-request-id")] {
+        if let Some(v) = upstream.get(&name) {
+            h.insert(name, v.clone());
+        }
+    }
+    if fwd.replica_header {
+        if let Ok(v) = HeaderValue::from_str(&replica.name) {
+            h.insert("x-kvgate-replica", v);
+        }
+    }
+    h
+}
+
+#[allow(clippy::too_many_arguments)] // the request, where it went and what came back, each needed
+async fn respond(
+    fwd: &Forwarder,
+    p: &Prepared,
+    replica: Arc<Replica>,
+    routed: Routed,
+    booking: HeldBooking,
+    resp: EngineResponse,
+    permit: InflightPermit,
+    t0: Instant,
+) -> Response {
+    let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    let headers = response_headers(fwd, &replica, &resp.headers);
+    let is_sse = resp
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let label = p.route.label();
+    if p.stream && status.is_success() && is_sse {
+        fwd.metrics.request(label, status.as_u16(), &replica.name);
+        let ctx = RelayContext {
+            metrics: Arc::clone(&fwd.metrics),
+            fleet: Arc::clone(&fwd.fleet),
+            idle: fwd.limits.stream_idle,
+            route: label,
+            api: p.route.api(),
+            rewriter: rewriter(fwd, p, &replica),
+        };
+        let relay = Relay::new(ctx, replica, booking, resp.body, permit, t0);
+        let mut r = Response::new(Body::from_stream(relay.into_stream()));
+        *r.status_mut() = status;
+        *r.headers_mut() = headers;
+        return r;
+    }
+    // Whole responses: the first token is not observable, so the booking
+    // moves to decoding when the model predicted it would (no calibration
+    // sample is taken from it).
+    let predicted = Duration::from_secs_f64(routed.predicted_ttft_s.clamp(0.0, 3600.0));
+    let body_fut = read_capped(resp.body, MAX_WHOLE_RESPONSE);
+    tokio::pin!(body_fut);
+    let body = tokio::select! {
+        b = &mut body_fut => b,
+        _ = tokio::time::sleep(predicted) => {
+            booking.first_token_unmeasured(Instant::now());
+            body_fut.await
+        }
+    };
+    drop(permit);
+    match body {
+        Ok(bytes) => {
+            let bytes = match rewriter(fwd, p, &replica) {
+                Some(mut w) => w.body(&bytes),
+                None => bytes,
+            };
+            let outcome = if status.is_success() { Outcome::Finished } else { Outcome::Error };
+            booking.finish(outcome);
+            record_whole_end(&bytes, outcome);
+            fwd.metrics.request(label, status.as_u16(), &replica.name);
+            fwd.metrics.e2e(label, t0.elapsed().as_secs_f64());
+            let mut r = Response::new(Body::from(bytes));
+            *r.status_mut() = status;
+            *r.headers_mut() = headers;
+            r
+        }
+        Err(e) => {
+            booking.finish(Outcome::Error);
+            let err = ErrorResponse::bad_gateway(format!(
+                "replica {} failed while answering: {e}",
+                replica.name
+            ));
+            let error = err.error.message.clone();
+            fwd.fleet.failed(replica.id, error, Failure::Error, Instant::now());
+            let mut r = answer(
+                &fwd.metrics,
+                Some(p.route),
+                &replica.name,
+                &RequestError::new(Reason::Upstream, err),
+            );
+            if let Some(v) = headers.get("x-kvgate-replica") {
+                r.headers_mut().insert("x-kvgate-replica", v.clone());
+            }
+            r
+        }
+    }
+}
+
+/// Largest whole answer read for its finish reason and output tokens: a
+/// longer one's are not recorded (its parse would cost more than the rest
+/// of the request).
+const MAX_END_READ: usize = 4 << 20;
+
+/// Records a whole answer's end on the request's span: its outcome, and
+/// when the request is traced (exported) its finish reason and output
+/// tokens, read from the body (a parse only traced requests pay for).
+fn record_whole_end(body: &[u8], outcome: Outcome) {
+    let span = tracing::Span::current();
+    span.record("outcome", if outcome == Outcome::Finished { "finished" } else { "error" });
+    if !crate::request::trace_context::is_traced(&span) || body.len() > MAX_END_READ {
+        return;
+    }
+    let mut end = kvgate_openai::AnswerEnd::default();
+    end.read(body);
+    if let Some(r) = &end.finish_reason {
+        span.record("finish_reason", r.as_str());
+    }
+    if let Some(n) = end.output_tokens {
+        span.record("output_tokens", crate::request::trace_context::int(n));
+    }
+}
+
+/// The response-id rewriter of a Responses API answer from `replica`
+/// (`affinity.rs`); other routes' answers pass unchanged.
+fn rewriter(
+    fwd: &Forwarder,
+    p: &Prepared,
+    replica: &Replica,
+) -> Option<crate::request::affinity::Rewriter> {
+    (p.route == Route::Responses).then(|| {
+        let previous = p.continues.as_ref().map(|c| (c.engine_id.clone(), c.client_id.clone()));
+        conversation::rewriter(&fwd.affinity, replica, previous)
+    })
+}
+
+#[cfg(test)]
+#[path = "forward/tests.rs"]
+mod tests;

@@ -1,0 +1,291 @@
+//! Forwarding a request of a disaggregated pool (`[disagg]`,
+//! docs/routing.md "Prefill/decode disaggregation"), as vLLM 0.33's NIXL
+//! connector expects over HTTP (docs/pd-protocol.md):
+//!
+//! 1. the fleet's planner decides: serve it whole on a decode replica (the
+//!    bypass) or on a prefill replica (`disagg.whole_on_prefill`), and the
+//!    normal path continues with that decision; or split it;
+//! 2. the prefill hop: the request's body (with the prompt's token ids)
+//!    plus `kv_transfer_params: {do_remote_decode: true, ...}`,
+//!    `max_tokens: 1`, not streamed, without `stream_options`,
+//!    `min_tokens` and `min_completion_tokens` (vLLM refuses
+//!    `min_tokens > max_tokens`). A prefill replica that fails (connection,
+//!    5xx, timeout, or no `kv_transfer_params` in its answer) is marked and
+//!    the request is planned again without it, up to `limits.max_retries`;
+//! 3. the decode hop: the client's request unchanged but for
+//!    `kv_transfer_params`, which is exactly what the prefill answered (plus
+//!    `prompt_token_ids` for chat, where kvgate hands vLLM the ids), sent
+//!    at once (the prefill side holds the blocks only for its lease). It
+//!    streams to the client through the relay. If it fails before any byte
+//!    reached the client, the request is served whole elsewhere, without
+//!    the stale parameters.
+//!
+//! Every hop holds its booking: the prefill hop's ends with its answer, the
+//! decode hop's moves with its first token as any request's does.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::http::{header, HeaderValue};
+use bytes::Bytes;
+use kvgate_router::{Outcome, PdPlan, Routed};
+use serde_json::{json, Map, Value};
+
+use crate::replicas::replica::Replica;
+use crate::replicas::replica_status::Failure;
+use crate::request::booking::HeldBooking;
+use crate::request::engine_client::EngineResponse;
+use crate::request::forwarder::{read_capped, send_body, Forwarder};
+use crate::request::placement::Attempts;
+use crate::request::prepare::Prepared;
+use crate::request::route::Route;
+
+/// Largest prefill answer read, bytes (one token and its parameters).
+const MAX_PREFILL_ANSWER: usize = 4 << 20;
+
+/// What became of a split attempt.
+pub(crate) enum Split {
+    /// The decode hop answered: relay it.
+    Decoded { replica: Arc<Replica>, routed: Routed, booking: HeldBooking, resp: EngineResponse },
+    /// Serve it whole, on this replica the planner chose (a bypass, or a
+    /// prefill replica) or, with `None`, wherever the normal placement decides (the planner
+    /// refused, every prefill replica failed, or the decode hop failed).
+    Whole(Option<Routed>),
+}
+
+/// Plans `p` in its disaggregated pool and, if split, runs both hops.
+pub(crate) async fn split(
+    fwd: &Forwarder,
+    p: &Prepared,
+    fwd_headers: &[(header::HeaderName, HeaderValue)],
+    attempts: &mut Attempts,
+) -> Split {
+    if !splittable(&p.original) {
+        // Several prompts or choices: vLLM hands over one prompt's KV.
+        return Split::Whole(None);
+    }
+    let max_retries = fwd.limits.max_retries as usize;
+    for _ in 0..=max_retries {
+        let req = p.route_request(None, &attempts.exclude);
+        let plan = fwd.fleet.plan(p.pool, &req, Instant::now());
+        let (prefill, decode) = match plan {
+            Some(Ok(PdPlan::Split { prefill, decode })) => (prefill, decode),
+            Some(Ok(PdPlan::Aggregated(whole))) => {
+                fwd.metrics.disagg_plan("bypass");
+                return Split::Whole(Some(whole));
+            }
+            Some(Ok(PdPlan::OnPrefill(whole))) => {
+                fwd.metrics.disagg_plan("on_prefill");
+                return Split::Whole(Some(whole));
+            }
+            // No decode replica now: the normal path waits or refuses.
+            Some(Err(_)) | None => return Split::Whole(None),
+        };
+        let decode_booking = HeldBooking::new(Arc::clone(&fwd.fleet), decode.booking);
+        let params = match prefill_hop(fwd, p, fwd_headers, prefill).await {
+            Ok(params) => params,
+            Err(HopFailure::Replica(failed)) => {
+                // Planned again without the failed prefill replica.
+                decode_booking.finish(Outcome::Cancelled);
+                attempts.exclude.push(failed);
+                continue;
+            }
+            Err(HopFailure::Request) => {
+                // The engine refused the request itself (4xx): served
+                // whole, its answer reaches the client.
+                decode_booking.finish(Outcome::Cancelled);
+                return Split::Whole(None);
+            }
+        };
+        fwd.metrics.disagg_plan("split");
+        let Some(replica) = fwd.replicas.get(decode.replica) else {
+            decode_booking.finish(Outcome::Error);
+            return Split::Whole(None);
+        };
+        let body = decode_body(p, &replica, params);
+        match send_body(fwd, p, &replica, fwd_headers, body).await {
+            Ok(resp) => {
+                return Split::Decoded { replica, routed: decode, booking: decode_booking, resp }
+            }
+            Err(err) => {
+                decode_booking.finish(Outcome::Error);
+                let message = err.body.error.message.clone();
+                tracing::warn!(replica = %replica.name, error = %message, "decode hop failed; serving the request whole");
+                fwd.fleet.failed(replica.id, message, Failure::Error, Instant::now());
+                fwd.metrics.count(err.reason);
+                attempts.exclude.push(replica.id);
+                attempts.last_error = Some(err);
+                fwd.metrics.disagg_plan("decode_fallback");
+                return Split::Whole(None);
+            }
+        }
+    }
+    fwd.metrics.disagg_plan("prefill_fallback");
+    Split::Whole(None)
+}
+
+/// Why a prefill hop gave no parameters.
+enum HopFailure {
+    /// The replica failed: plan again without it.
+    Replica(kvgate_index::ReplicaId),
+    /// The engine refused the request (4xx): no replica would take it.
+    Request,
+}
+
+/// Runs the prefill hop on the planned replica; its `kv_transfer_params`.
+async fn prefill_hop(
+    fwd: &Forwarder,
+    p: &Prepared,
+    fwd_headers: &[(header::HeaderName, HeaderValue)],
+    prefill: Routed,
+) -> Result<Map<String, Value>, HopFailure> {
+    let booking = HeldBooking::new(Arc::clone(&fwd.fleet), prefill.booking);
+    let Some(replica) = fwd.replicas.get(prefill.replica) else {
+        booking.finish(Outcome::Error);
+        return Err(HopFailure::Replica(prefill.replica));
+    };
+    let fail = |why: String| {
+        tracing::warn!(replica = %replica.name, error = %why, "prefill hop failed; planning again");
+        fwd.fleet.failed(replica.id, why, Failure::Error, Instant::now());
+        Err(HopFailure::Replica(replica.id))
+    };
+    let Some(body) = prefill_body(&p.body_for(replica.config.passthrough)) else {
+        booking.finish(Outcome::Error);
+        return fail("the request body is not a JSON object".into());
+    };
+    let resp = match send_body(fwd, p, &replica, fwd_headers, body).await {
+        Ok(r) => r,
+        Err(e) => {
+            booking.finish(Outcome::Error);
+            fwd.metrics.count(e.reason);
+            return fail(e.body.error.message);
+        }
+    };
+    let status = resp.status;
+    if (400..500).contains(&status) {
+        booking.finish(Outcome::Error);
+        return Err(HopFailure::Request);
+    }
+    let answer = read_capped(resp.body, MAX_PREFILL_ANSWER).await;
+    let params = match (status, &answer) {
+        (200..=299, Ok(bytes)) => serde_json::from_slice::<Value>(bytes)
+            .ok()
+            .and_then(|v| v.get("kv_transfer_params").and_then(Value::as_object).cloned()),
+        _ => None,
+    };
+    match params {
+        Some(params) => {
+            // The prefill's one token is its first and last.
+            booking.first_token(Instant::now());
+            booking.finish(Outcome::Finished);
+            Ok(params)
+        }
+        None => {
+            booking.finish(Outcome::Error);
+            let why = match answer {
+                Err(e) => format!("prefill answer unreadable: {e}"),
+                Ok(_) if !(200..300).contains(&status) => format!("prefill answered {status}"),
+                Ok(_) => "prefill answered without kv_transfer_params (no KV connector?)".into(),
+            };
+            fail(why)
+        }
+    }
+}
+
+/// Whether a request can be split: one prompt (not a batch of them) and
+/// one choice (`n` 1), as vLLM transfers one prompt's KV per request.
+pub(crate) fn splittable(body: &Bytes) -> bool {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else { return false };
+    let batch = match v.get("prompt") {
+        Some(Value::Array(a)) => a.first().is_some_and(|x| !x.is_number()),
+        _ => false,
+    };
+    let n = v.get("n").and_then(Value::as_u64).unwrap_or(1);
+    !batch && n <= 1
+}
+
+/// The prefill hop's body: `body` (an OpenAI request object) asking for
+/// remote decode, one token, not streamed. `None` if `body` is not a JSON
+/// object.
+pub(crate) fn prefill_body(body: &Bytes) -> Option<Bytes> {
+    let mut v: Value = serde_json::from_slice(body).ok()?;
+    let o = v.as_object_mut()?;
+    let mut params =
+        o.get("kv_transfer_params").and_then(Value::as_object).cloned().unwrap_or_default();
+    params.insert("do_remote_decode".into(), json!(true));
+    params.insert("do_remote_prefill".into(), json!(false));
+    for k in ["remote_engine_id", "remote_block_ids", "remote_host", "remote_port"] {
+        params.insert(k.into(), Value::Null);
+    }
+    o.insert("kv_transfer_params".into(), Value::Object(params));
+    o.insert("max_tokens".into(), json!(1));
+    if o.contains_key("max_completion_tokens") {
+        o.insert("max_completion_tokens".into(), json!(1));
+    }
+    o.insert("stream".into(), json!(false));
+    for k in ["stream_options", "min_tokens", "min_completion_tokens"] {
+        o.remove(k);
+    }
+    serde_json::to_vec(&v).ok().map(Bytes::from)
+}
+
+/// The decode hop's body: what the replica would get for the whole request,
+/// with `kv_transfer_params` replaced by the prefill's answer, verbatim,
+/// plus the prompt's token ids for chat and Messages when kvgate hands them
+/// over there.
+pub(crate) fn decode_body(p: &Prepared, replica: &Replica, params: Map<String, Value>) -> Bytes {
+    let base = p.body_for(replica.config.passthrough);
+    let Ok(mut v) = serde_json::from_slice::<Value>(&base) else { return base };
+    let Some(o) = v.as_object_mut() else { return base };
+    let ids = match p.route {
+        Route::Chat | Route::Messages | Route::Responses => {
+            o.get("kv_transfer_params").and_then(|k| k.get("prompt_token_ids")).cloned()
+        }
+        _ => None,
+    };
+    let mut params = params;
+    if let Some(ids) = ids {
+        params.insert("prompt_token_ids".into(), ids);
+    }
+    o.insert("kv_transfer_params".into(), Value::Object(params));
+    serde_json::to_vec(&v).map(Bytes::from).unwrap_or(base)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prefill_body_asks_for_one_unstreamed_token_and_remote_decode() {
+        let body = Bytes::from_static(
+            br#"{"model":"m","prompt":[1,2,3],"max_tokens":50,"min_tokens":10,"stream":true,
+                 "stream_options":{"include_usage":true},"max_completion_tokens":50,
+                 "kv_transfer_params":{"prompt_token_ids":[1,2,3]}}"#,
+        );
+        let v: Value = serde_json::from_slice(&prefill_body(&body).unwrap()).unwrap();
+        assert_eq!(v["max_tokens"], json!(1));
+        assert_eq!(v["max_completion_tokens"], json!(1));
+        assert_eq!(v["stream"], json!(false));
+        assert!(v.get("stream_options").is_none() && v.get("min_tokens").is_none());
+        let k = &v["kv_transfer_params"];
+        assert_eq!(k["do_remote_decode"], json!(true));
+        assert_eq!(k["do_remote_prefill"], json!(false));
+        assert_eq!(k["remote_engine_id"], Value::Null);
+        // What kvgate put there for the engine stays.
+        assert_eq!(k["prompt_token_ids"], json!([1, 2, 3]));
+        assert_eq!(v["prompt"], json!([1, 2, 3]));
+        assert!(prefill_body(&Bytes::from_static(b"[1]")).is_none());
+        assert!(prefill_body(&Bytes::from_static(b"nope")).is_none());
+    }
+
+    #[test]
+    fn batches_and_several_choices_are_not_split() {
+        let ok = |b: &'static [u8]| splittable(&Bytes::from_static(b));
+        assert!(ok(br#"{"prompt":[1,2,3]}"#));
+        assert!(ok(br#"{"prompt":"text"}"#));
+        assert!(ok(br#"{"messages":[{"role":"user","content":"hi"}],"n":1}"#));
+        assert!(!ok(br#"{"prompt":[[1,2],[3]]}"#));
+        assert!(!ok(br#"{"prompt":["a","b"]}"#));
+        assert!(!ok(br#"{"prompt":[1],"n":2}"#));
+    }
+}

@@ -1,0 +1,185 @@
+//! Where a prepared request goes: one routing decision through the fleet,
+//! waiting in the admission queue while every replica is busy, and a refusal
+//! turned into the request path's error. Both front doors place through
+//! here: the HTTP proxy (`forward.rs`, which then sends and retries) and the
+//! endpoint picker (`epp/`, which answers with the endpoint and lets the
+//! gateway carry the bytes), so both make the same decisions on the same
+//! ledger.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvgate_index::ReplicaId;
+use kvgate_openai::ErrorResponse;
+use kvgate_router::{Decision, RejectReason, Routed};
+
+use crate::observe::metrics::Metrics;
+use crate::replicas::fleet::PoolId;
+use crate::replicas::fleet_handle::FleetHandle;
+use crate::replicas::pool::Pools;
+use crate::request::adapter_load::AdapterLoader;
+use crate::request::admission::{Admission, Ticket};
+use crate::request::prepare::Prepared;
+use crate::request::request_error::{Reason, RequestError};
+
+/// What a placement uses: the fleet (the decision), the pools (each with
+/// its admission queue, for waiting on a busy pool in arrival order, and
+/// the adapters all its replicas serve), the metrics (decision time).
+#[derive(Debug)]
+pub(crate) struct Placer {
+    pub(crate) fleet: Arc<FleetHandle>,
+    pub(crate) pools: Arc<Pools>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Runtime loads of adapters no replica serves yet.
+    pub(crate) loader: Arc<AdapterLoader>,
+}
+
+/// One request's placement across its attempts: the replicas it must not
+/// go to, its place in the admission queue, and the last failure (reported
+/// if every replica fails it).
+#[derive(Debug)]
+pub(crate) struct Attempts {
+    /// Replicas excluded: those that do not serve the request's adapter
+    /// (or are outside the gateway's subset), then those that failed it.
+    pub(crate) exclude: Vec<ReplicaId>,
+    /// How many of `exclude` were excluded before any attempt.
+    pub(crate) not_serving: usize,
+    /// The request's pool and its admission queue.
+    pool: PoolId,
+    admission: Arc<Admission>,
+    /// When it first had to wait, if it did.
+    queued_since: Option<Instant>,
+    /// Its place in the admission queue, taken on arrival when others were
+    /// already waiting; dropped once routed or refused.
+    ticket: Option<Ticket>,
+    /// The last failure of a replica tried.
+    pub(crate) last_error: Option<RequestError>,
+}
+
+impl Attempts {
+    /// A new request's attempts, excluding `exclude` from the start. When
+    /// someone is already waiting for a replica, it queues behind them
+    /// rather than take the next free one first (`admission.rs`).
+    pub(crate) fn new(placer: &Placer, pool: PoolId, exclude: Vec<ReplicaId>) -> Attempts {
+        let admission = placer.admission(pool);
+        let mut queued_since = None;
+        let ticket = (!admission.is_empty()).then(|| {
+            queued_since = Some(Instant::now());
+            admission.join()
+        });
+        let not_serving = exclude.len();
+        Attempts { exclude, not_serving, pool, admission, queued_since, ticket, last_error: None }
+    }
+
+    /// Replicas tried and failed so far.
+    pub(crate) fn tried(&self) -> usize {
+        self.exclude.len() - self.not_serving
+    }
+}
+
+impl Placer {
+    /// `p` went to a replica where `predicted_cached` of its prompt tokens
+    /// were predicted cached: counted fleet-wide and in its pool.
+    pub(crate) fn count_prompt(&self, p: &Prepared, predicted_cached: u64) {
+        let cached = predicted_cached.min(p.prompt_tokens);
+        self.metrics.prompt_tokens(p.prompt_tokens, cached);
+        if let Some(pool) = self.pools.get(p.pool) {
+            pool.traffic.add(p.prompt_tokens, cached);
+        }
+    }
+
+    /// The replicas that do not serve `adapter`: an adapter an engine listed
+    /// (not one declared for the whole fleet) is served only by the replicas
+    /// that list it.
+    pub(crate) fn without_adapter(&self, pool: PoolId, adapter: Option<&str>) -> Vec<ReplicaId> {
+        let declared = self.pools.get(pool).map_or(&[][..], |p| &p.model.lora_adapters[..]);
+        self.fleet.without_adapter(pool, adapter, declared)
+    }
+
+    /// The replicas of the request's pool that cannot serve it (as
+    /// [`Placer::without_adapter`]). An adapter the pool may load and no
+    /// replica serves is loaded first (`adapter_load.rs`); a failed load is
+    /// a 503 that says why.
+    pub(crate) async fn not_serving(&self, p: &Prepared) -> Result<Vec<ReplicaId>, RequestError> {
+        let exclude = self.without_adapter(p.pool, p.adapter.as_deref());
+        let (Some(adapter), Some(pool)) = (p.adapter.as_deref(), self.pools.get(p.pool)) else {
+            return Ok(exclude);
+        };
+        let Some(path) = pool.loadable.get(adapter) else { return Ok(exclude) };
+        if self.fleet.with(|f| f.adapter_pool(adapter)).is_some() {
+            return Ok(exclude);
+        }
+        match self.loader.ensure(p.pool, adapter, path, &pool.loads).await {
+            Ok(()) => Ok(self.without_adapter(p.pool, Some(adapter))),
+            Err(why) => Err(RequestError::new(
+                Reason::NoReplica,
+                ErrorResponse::unavailable(format!(
+                    "LoRA adapter {adapter} could not be loaded: {why}"
+                )),
+            )
+            .retry_after(std::time::Duration::from_secs(1))),
+        }
+    }
+
+    /// `pool`'s admission queue (a detached one for a pool that does not
+    /// exist, whose decisions are refusals anyway).
+    fn admission(&self, pool: PoolId) -> Arc<Admission> {
+        self.pools.get(pool).map_or_else(Arc::default, |p| Arc::clone(&p.admission))
+    }
+
+    /// Decides where `p` goes, waiting while every replica is busy (only the
+    /// head of the admission queue asks the router). `Err` is the refusal
+    /// to answer with: no replica (503, with the last replica's failure when
+    /// every one tried failed) or every replica busy (429).
+    pub(crate) async fn place(
+        &self,
+        p: &Prepared,
+        a: &mut Attempts,
+    ) -> Result<Routed, RequestError> {
+        loop {
+            if let Some(t) = &a.ticket {
+                a.admission.turn(t).await;
+            }
+            let now = Instant::now();
+            let req = p.route_request(a.queued_since, &a.exclude);
+            let decision = self.fleet.route(a.pool, &req, now);
+            self.metrics.decide_time(now.elapsed().as_secs_f64());
+            if !matches!(decision, Decision::Wait { .. }) {
+                // Routed or refused: the next in line goes now.
+                drop(a.ticket.take());
+            }
+            match decision {
+                Decision::Routed(r) => return Ok(r),
+                Decision::Wait { retry_after } => {
+                    a.queued_since.get_or_insert(now);
+                    if a.ticket.is_none() {
+                        a.ticket = Some(a.admission.join());
+                    }
+                    // Only the head of the queue gets here; the others wait
+                    // in `turn` without asking the router.
+                    a.admission.pause(retry_after).await;
+                }
+                Decision::Reject { reason, retry_after } => {
+                    let e = match (reason, a.last_error.take()) {
+                        // Every replica tried failed: report the last failure.
+                        (RejectReason::NoReplica, Some(e)) if a.tried() > 0 => {
+                            RequestError::new(Reason::NoReplica, e.body)
+                        }
+                        (RejectReason::NoReplica, _) => RequestError::new(
+                            Reason::NoReplica,
+                            ErrorResponse::unavailable(
+                                "no replica is available to serve this request",
+                            ),
+                        ),
+                        // Load shedding: 429, so that clients back off and retry.
+                        (RejectReason::AllBusy, _) => RequestError::new(
+                            Reason::AllBusy,
+                            ErrorResponse::rate_limited("every replica is busy; retry later"),
+                        ),
+                    };
+                    return Err(e.retry_after(retry_after));
+                }
+            }
+        }
+    }
+}
