@@ -17,8 +17,7 @@
 //! - `replicas/`: `registry.rs` (add, drain, remove), `feed.rs` (KV events),
 //!   `monitor.rs` and `scrape.rs` (probes, `/metrics`), `discovery.rs` (DNS),
 //!   `supervise.rs`, `directory.rs` and `replica.rs` (lock-free reads),
-//!   `fleet.rs`, `replica_status.rs` (the `kvgate-fleet` core),
-//!   `fleet_handle.rs` (its one lock), `fleet_view.rs`, `upkeep.rs` (the
+//!   `fleet_handle.rs` (the one lock over the `kvgate-fleet` core), `fleet_view.rs`, `upkeep.rs` (the
 //!   fleet's clock), `pool.rs` (model pools).
 //! - `config/`: [`GatewayConfig`] (`mod.rs`), one file per section, and
 //!   `settings.rs`: it validated into typed sections, every duration

@@ -29,7 +29,6 @@ use crate::doors::throttle::{ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 use crate::error::{ConfigError, StartError};
 use crate::observe::metrics::Metrics;
 use crate::replicas::directory::Directory;
-use crate::replicas::fleet::Fleet;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::fleet_view::FleetView;
 use crate::replicas::pool::{Pool, Pools};
@@ -40,6 +39,7 @@ use crate::request::engine_client::EngineClient;
 use crate::request::forward::Forwarder;
 use crate::request::placement::Placer;
 use crate::request::prepare::Preparer;
+use kvgate_fleet::Fleet;
 
 /// Everything the gateway is made of. Named only by the wiring
 /// (`crates/kvgate/tests/fleet_owner.rs` checks).

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::config::{DashboardConfig, DiscoveryConfig, GatewayConfig, PeersConfig, TlsConfig};
+use crate::config::{DashboardConfig, DiscoveryConfig, GatewayConfig, PeersConfig};
 
 /// Every typed section.
 #[derive(Clone, Copy, Debug)]
@@ -53,13 +53,9 @@ impl Settings {
             },
             peers: PeerTiming::of(&c.peers),
             dashboard: DashboardTiming::of(&c.dashboard),
-            tls_reload: tls_reload(&c.tls),
+            tls_reload: Duration::from_millis(c.tls.reload_ms),
         }
     }
-}
-
-fn tls_reload(t: &TlsConfig) -> Duration {
-    Duration::from_millis(t.reload_ms)
 }
 
 /// The server's timeouts (`[limits]`).

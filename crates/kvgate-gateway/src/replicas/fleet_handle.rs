@@ -11,8 +11,8 @@ use kvgate_index::ReplicaId;
 use kvgate_router::{Booking, Decision, Outcome, RouteRequest};
 
 use crate::locks::lock;
-use crate::replicas::fleet::{Fleet, PoolId, Reachable};
-use crate::replicas::replica_status::Failure;
+use kvgate_fleet::Failure;
+use kvgate_fleet::{Fleet, PoolId, Reachable};
 
 #[derive(Debug)]
 pub(crate) struct FleetHandle {

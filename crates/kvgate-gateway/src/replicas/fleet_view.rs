@@ -15,10 +15,10 @@ use crate::observe::snapshot::{
     FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, PoolSnapshot, ReplicaSnapshot,
 };
 use crate::replicas::directory::Directory;
-use crate::replicas::fleet::Fleet;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::pool::Pools;
 use crate::replicas::replica::Replica;
+use kvgate_fleet::Fleet;
 
 /// The handles a snapshot reads (the decision log is in `fleet`).
 #[derive(Debug)]

@@ -5,14 +5,12 @@
 pub(crate) mod directory;
 pub(crate) mod discovery;
 pub(crate) mod feed;
-pub(crate) mod fleet;
 pub(crate) mod fleet_handle;
 pub(crate) mod fleet_view;
 pub(crate) mod monitor;
 pub(crate) mod pool;
 pub(crate) mod registry;
 pub(crate) mod replica;
-pub(crate) mod replica_status;
 pub(crate) mod scrape;
 pub(crate) mod supervise;
 pub(crate) mod upkeep;

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use crate::config::settings::ProbeTiming;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
-use crate::replicas::replica_status::Failure;
 use crate::replicas::scrape::parse_rank_metrics;
 use crate::request::engine_client::{EngineClient, SendError};
+use kvgate_fleet::Failure;
 
 /// What a monitor needs: the engines to probe, the fleet to tell, and how
 /// often and how patiently to ask.

@@ -14,10 +14,10 @@ use kvgate_tokenize::ChatTokenizer;
 
 use crate::config::{ModelConfig, PoolConfig};
 use crate::error::StartError;
-use crate::replicas::fleet::PoolId;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::request::adapter_load::LoadCounts;
 use crate::request::admission::Admission;
+use kvgate_fleet::PoolId;
 
 /// One pool's request-path side.
 #[derive(Debug)]

@@ -6,7 +6,7 @@
 //! the next request. It also finishes, in steps, any replica clear begun
 //! outside a feed task (a purge, a feed restart).
 //!
-//! [`Fleet::tick`]: crate::replicas::fleet::Fleet::tick
+//! [`Fleet::tick`]: kvgate_fleet::Fleet::tick
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -18,9 +18,9 @@ use bytes::Bytes;
 
 use crate::locks::lock;
 use crate::replicas::directory::Directory;
-use crate::replicas::fleet::PoolId;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::request::engine_client::{EngineClient, EngineRequest};
+use kvgate_fleet::PoolId;
 
 /// A pool's runtime-load counters (`kvgate_pool_adapter_runtime_loads_total`).
 #[derive(Debug, Default)]

@@ -16,11 +16,11 @@ use kvgate_index::ReplicaId;
 use kvgate_openai::ErrorResponse;
 
 use crate::replicas::directory::Directory;
-use crate::replicas::fleet::{PoolId, Reachable};
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
 use crate::request::affinity::{AffinityKey, Rewriter};
 use crate::request::request_error::{Reason, RequestError};
+use kvgate_fleet::{PoolId, Reachable};
 
 /// The replica named `owner` when it can serve a request for a response
 /// it holds (`what`, e.g. "previous_response_id 'resp_…'"), in pool

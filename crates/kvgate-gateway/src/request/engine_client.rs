@@ -20,6 +20,8 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use crate::request::request_error::with_causes;
+
 /// An engine's response body, chunk by chunk as it arrives.
 pub(crate) type BodyStream = BoxStream<'static, Result<Bytes, String>>;
 
@@ -215,23 +217,6 @@ fn send_error(e: reqwest::Error) -> SendError {
     } else {
         SendError::Failed(Cause::of(e))
     }
-}
-
-/// `e` and each of its causes, `: `-separated: reqwest's own message says
-/// only that sending failed, the reason (refused, a TLS certificate that
-/// expired or chains to no trusted CA...) is in its sources.
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let s_text = s.to_string();
-        if !text.contains(&s_text) {
-            text.push_str(": ");
-            text.push_str(&s_text);
-        }
-        source = s.source();
-    }
-    text
 }
 
 impl HttpEngines {

@@ -16,7 +16,6 @@ use kvgate_router::{Outcome, Routed};
 
 use crate::doors::shed::InflightPermit;
 use crate::replicas::replica::Replica;
-use crate::replicas::replica_status::Failure;
 use crate::request::booking::HeldBooking;
 use crate::request::conversation;
 use crate::request::engine_client::EngineResponse;
@@ -29,6 +28,7 @@ use crate::request::relay::{Relay, RelayContext};
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::response::answer;
 use crate::request::route::Route;
+use kvgate_fleet::Failure;
 
 /// Routes and forwards `p`; `permit` bounds concurrency for the whole life
 /// of the response, streaming included.

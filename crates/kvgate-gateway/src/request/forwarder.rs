@@ -16,13 +16,13 @@ use crate::observe::metrics::Metrics;
 use crate::replicas::directory::Directory;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
-use crate::replicas::replica_status::Failure;
 use crate::request::engine_client::{
     BodyStream, EngineClient, EngineRequest, EngineResponse, SendError,
 };
 use crate::request::placement::Placer;
 use crate::request::prepare::Prepared;
 use crate::request::request_error::{Reason, RequestError};
+use kvgate_fleet::Failure;
 
 /// Largest engine error body read to relay its message, bytes.
 const MAX_ERROR_BODY: usize = 64 << 10;

@@ -32,13 +32,13 @@ use kvgate_router::{Outcome, PdPlan, Routed};
 use serde_json::{json, Map, Value};
 
 use crate::replicas::replica::Replica;
-use crate::replicas::replica_status::Failure;
 use crate::request::booking::HeldBooking;
 use crate::request::engine_client::EngineResponse;
 use crate::request::forwarder::{read_capped, send_body, Forwarder};
 use crate::request::placement::Attempts;
 use crate::request::prepare::Prepared;
 use crate::request::route::Route;
+use kvgate_fleet::Failure;
 
 /// Largest prefill answer read, bytes (one token and its parameters).
 const MAX_PREFILL_ANSWER: usize = 4 << 20;

@@ -14,13 +14,13 @@ use kvgate_openai::ErrorResponse;
 use kvgate_router::{Decision, RejectReason, Routed};
 
 use crate::observe::metrics::Metrics;
-use crate::replicas::fleet::PoolId;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::pool::Pools;
 use crate::request::adapter_load::AdapterLoader;
 use crate::request::admission::{Admission, Ticket};
 use crate::request::prepare::Prepared;
 use crate::request::request_error::{Reason, RequestError};
+use kvgate_fleet::PoolId;
 
 /// What a placement uses: the fleet (the decision), the pools (each with
 /// its admission queue, for waiting on a busy pool in arrival order, and

@@ -19,11 +19,11 @@ use serde_json::{Map, Value};
 
 use crate::config::Passthrough;
 use crate::observe::metrics::Metrics;
-use crate::replicas::fleet::PoolId;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::pool::{Pool, Pools, Resolved};
 use crate::request::affinity::{AffinityKey, IdError};
 use crate::request::route::Route;
+use kvgate_fleet::PoolId;
 
 /// What preparing a request needs: the pools (each with its model and
 /// tokenizer), the message limit, the fleet's block size, the metrics, and

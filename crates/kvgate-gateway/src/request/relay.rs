@@ -45,12 +45,12 @@ use crate::doors::shed::InflightPermit;
 use crate::observe::metrics::Metrics;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
-use crate::replicas::replica_status::Failure;
 use crate::request::affinity::Rewriter;
 use crate::request::booking::HeldBooking;
 use crate::request::engine_client::BodyStream;
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::Api;
+use kvgate_fleet::Failure;
 
 /// Largest single SSE event the tap parses (bigger events pass through but
 /// are not inspected).

@@ -176,14 +176,7 @@ impl RequestError {
 
     /// This error and each of its causes, `: `-separated (for the log).
     pub(crate) fn chain(&self) -> String {
-        let mut text = self.to_string();
-        let mut next = std::error::Error::source(self);
-        while let Some(e) = next {
-            text.push_str(": ");
-            text.push_str(&e.to_string());
-            next = e.source();
-        }
-        text
+        with_causes(self)
     }
 
     pub(crate) fn retry_after(mut self, after: Duration) -> RequestError {
@@ -194,6 +187,24 @@ impl RequestError {
     pub(crate) fn status(&self) -> u16 {
         self.body.status()
     }
+}
+
+/// `e` and each of its causes, `: `-separated, each said once (a send
+/// error's own text already names its causes): reqwest's own message says
+/// only that sending failed, the reason (refused, a TLS certificate that
+/// expired or chains to no trusted CA...) is in its sources.
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let s_text = s.to_string();
+        if !text.contains(&s_text) {
+            text.push_str(": ");
+            text.push_str(&s_text);
+        }
+        source = s.source();
+    }
+    text
 }
 
 #[cfg(test)]

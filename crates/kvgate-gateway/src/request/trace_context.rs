@@ -161,22 +161,15 @@ pub(crate) fn request_span(
             )
         };
     }
-    let Some(sample) = ROOT_SAMPLER.get() else {
-        // No exporter: nothing is traced.
-        let span = span!(UNTRACED);
-        continue_from(&span, headers, None);
-        return span;
-    };
-    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Incoming(headers)));
-    if sample(&parent) {
-        let span = span!(TRACED);
-        continue_from(&span, headers, Some(parent));
-        span
-    } else {
-        let span = span!(UNTRACED);
-        continue_from(&span, headers, None);
-        span
-    }
+    // Without a root sampler there is no exporter: nothing is traced.
+    let traced_parent = ROOT_SAMPLER.get().and_then(|sample| {
+        let parent =
+            opentelemetry::global::get_text_map_propagator(|p| p.extract(&Incoming(headers)));
+        sample(&parent).then_some(parent)
+    });
+    let span = if traced_parent.is_some() { span!(TRACED) } else { span!(UNTRACED) };
+    continue_from(&span, headers, traced_parent);
+    span
 }
 
 /// Makes `span` a child of the client's span (`parent`, extracted from

@@ -39,12 +39,12 @@ use super::wire;
 use super::EppContext;
 use crate::doors::shed::InflightPermit;
 use crate::replicas::replica::Replica;
-use crate::replicas::replica_status::Failure;
 use crate::request::booking::HeldBooking;
 use crate::request::placement::Attempts;
 use crate::request::prepare::{self, Prepared};
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::{Api, Route};
+use kvgate_fleet::Failure;
 
 /// Largest single SSE event inspected for the first token.
 const MAX_EVENT_BYTES: usize = 4 << 20;

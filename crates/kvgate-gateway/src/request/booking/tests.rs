@@ -8,9 +8,9 @@ use kvgate_router::{Decision, Outcome, RouteRequest, Router, RouterConfig};
 
 use super::HeldBooking;
 use crate::config::settings::HealthRules;
-use crate::replicas::fleet::Fleet;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::scrape::EngineScrape;
+use kvgate_fleet::Fleet;
 
 fn handle() -> Arc<FleetHandle> {
     let rules = HealthRules {

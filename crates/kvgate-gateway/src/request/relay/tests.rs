@@ -23,12 +23,12 @@ use crate::config::settings::HealthRules;
 use crate::config::ReplicaConfig;
 use crate::observe::metrics::Metrics;
 use crate::observe::snapshot::FleetSnapshot;
-use crate::replicas::fleet::Fleet;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
 use crate::replicas::scrape::EngineScrape;
 use crate::request::booking::HeldBooking;
 use crate::request::route::Route;
+use kvgate_fleet::Fleet;
 
 /// `limits.stream_idle_timeout_ms`'s default.
 const IDLE: Duration = Duration::from_secs(120);
