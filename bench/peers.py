@@ -984,6 +984,18 @@ def cold_prompt_ttft(url: str, tokens: int = 8192) -> float | None:
         conn.close()
 
 
+def wait_while_paused(pause_file: Path | None) -> None:
+    """Waits while `pause_file` exists (`--pause-file`): the machine is lent
+    to other work between runs, never during one."""
+    if pause_file is None or not pause_file.exists():
+        return
+    t0 = time.time()
+    log(f"    paused while {pause_file} exists ...")
+    while pause_file.exists():
+        time.sleep(2)
+    log(f"    resumed after {fmt_s(time.time() - t0)}")
+
+
 def measure_dynamo(args, wname: str, rate: float, n: int, seed: int, workdir: Path, rec: dict) -> dict:
     """Runs bench/dynamo_cell.py in a private network namespace (see there) and returns its record."""
     spec = {"workdir": str(workdir), "rec": rec, "workload": wname, "rate": rate, "n": n, "seed": seed,
@@ -1459,6 +1471,9 @@ def main() -> int:
     ap.add_argument("--diagnose", action="store_true",
                     help="kvgate keeps every routing decision; each kvgate run saves admin_decisions.json")
     ap.add_argument("--client-timeout", type=float, default=None, help="seconds before a client run is killed")
+    ap.add_argument("--pause-file", type=Path, default=None,
+                    help="before each run, wait while this file exists (to share the machine between runs "
+                         "without disturbing one; the waits are logged and not counted in any run)")
     args = ap.parse_args()
     global DIAGNOSE
     DIAGNOSE = args.diagnose
@@ -1624,6 +1639,7 @@ def main() -> int:
                                                         (plan * repeat)[:done_n]))
                 log(f"[{k}/{len(plan) * repeat}] {ROUTERS[r]['label']} x {w} @ {lv} ({rate:g} req/s, {n} req), "
                     f"repeat {rep + 1}/{repeat} ... ETA {fmt_s(remaining)}")
+                wait_while_paused(args.pause_file)
                 t0 = time.time()
                 workdir = out / "runs" / f"{w}-{lv}" / f"{r}" / f"rep{rep}"
                 if r in DYNAMO_ROUTERS and dynamo_reason:

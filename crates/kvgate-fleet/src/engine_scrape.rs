@@ -30,6 +30,10 @@ pub struct EngineScrape {
     /// KV received from prefill replicas, when the engine's NIXL connector
     /// reports it (a decode replica of a disaggregated pool).
     pub transfers: Option<TransferTotals>,
+    /// The engine's `max_num_batched_tokens`. vLLM's `/metrics` does not
+    /// export it, so a live scrape leaves it `None` and the router keeps
+    /// its default; fast-mode replay's simulated engines report theirs.
+    pub step_budget: Option<u32>,
 }
 
 /// NIXL's cumulative transfer series (vLLM 0.33

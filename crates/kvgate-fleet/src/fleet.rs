@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 use kvgate_events::Batch;
 use kvgate_index::{BlockKey, Index, ReplicaId, ReplicaSpec, SpentTable};
 use kvgate_router::{
-    Booking, Decision, Disagg, EngineReport, Health, LedgerChange, Outcome, PdPlan, PdRefusal,
+    Booking, Decision, Disagg, EngineReport, Health, LedgerChange, Outcome, PdCounts, PdPlan,
+    PdRefusal,
     PeerId, RejectReason, ReplicaInfo, RouteRequest, Router,
 };
 
@@ -413,14 +414,22 @@ impl Fleet {
         };
         let mut resized = None;
         let Some(router) = self.router_of_mut(id) else { return 0 };
-        if let (Some(cap), Some((info, _))) = (e.num_gpu_blocks, router.replica(id)) {
-            let cpu = e.num_cpu_blocks.unwrap_or(0);
-            if info.capacity_blocks[0] != cap || info.capacity_blocks[1] != cpu {
-                let mut info = info.clone();
-                info.capacity_blocks[0] = cap;
-                info.capacity_blocks[1] = cpu;
+        if let Some((info, _)) = router.replica(id) {
+            let mut info = info.clone();
+            if let Some(cap) = e.num_gpu_blocks {
+                let cpu = e.num_cpu_blocks.unwrap_or(0);
+                if info.capacity_blocks[0] != cap || info.capacity_blocks[1] != cpu {
+                    info.capacity_blocks[0] = cap;
+                    info.capacity_blocks[1] = cpu;
+                    resized = Some((cap, cpu));
+                }
+            }
+            let budget = e.step_budget.filter(|&b| b != info.max_num_batched_tokens);
+            if let Some(b) = budget {
+                info.max_num_batched_tokens = b;
+            }
+            if resized.is_some() || budget.is_some() {
                 let _ = router.update_info(id, info);
-                resized = Some((cap, cpu));
             }
         }
         let _ = router.report(id, report);
@@ -454,6 +463,12 @@ impl Fleet {
         let Some((_, planner)) = self.disagg.get_mut(&pool) else { return };
         let per_token = planner.config().kv_bytes_per_token.max(1) as f64;
         planner.observe_transfer((bytes / per_token).round() as u64, seconds);
+    }
+
+    /// What `pool`'s planner decided so far; `None` when it is not
+    /// disaggregated.
+    pub fn pd_counts(&self, pool: PoolId) -> Option<PdCounts> {
+        self.disagg.get(&pool).map(|(_, planner)| planner.counts())
     }
 
     /// The calibrated seconds per transferred token of `pool`'s planner;

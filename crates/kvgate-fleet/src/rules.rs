@@ -16,3 +16,16 @@ pub struct HealthRules {
     /// The index's bound per tier before an engine reports its size.
     pub index_bound: u64,
 }
+
+/// `[monitor]`'s and `[limits]`' defaults (the gateway's configuration
+/// takes its defaults from here; fast-mode replay runs with them).
+impl Default for HealthRules {
+    fn default() -> HealthRules {
+        HealthRules {
+            unhealthy_after: 2,
+            purge_after: Duration::from_secs(30),
+            rebuild: Duration::from_secs(5),
+            index_bound: 1 << 20,
+        }
+    }
+}

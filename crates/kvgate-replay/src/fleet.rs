@@ -1,7 +1,18 @@
-//! The virtual-time fleet: N simulated vLLM engines split into model pools,
-//! each pool with its own KV index fed by its engines' events and its own
-//! router (ledger, calibration), driven by a discrete-event loop. It grew
-//! out of `kvgate-router`'s scenario-test fleet (`tests/support/mod.rs`).
+//! The virtual-time fleet: N simulated vLLM engines in front of the same
+//! fleet core `kvgate serve` drives (`kvgate_fleet::Fleet`: the KV index,
+//! one router per model pool with its ledger and calibration, every
+//! replica's status and health rules, a P/D pool's planner), driven by a
+//! discrete-event loop. What the gateway's shell learns from its engines
+//! (events, `/metrics` scrapes with NIXL's transfer totals, first tokens
+//! and ends) the loop hands the core in the same calls, at virtual time.
+//!
+//! - Replicas come into rotation at the first scrape (at time 0, before the
+//!   first arrival), as a live fleet's do at their first probe; the core
+//!   ticks at every scrape (`kvgate serve` ticks every 250 ms; the router's
+//!   expiries also run at every decision).
+//! - The one rule the shells still differ on: a simulated engine reports
+//!   its `max_num_batched_tokens` (`EngineScrape::step_budget`); vLLM's
+//!   `/metrics` does not, so `serve`'s router keeps its default.
 //!
 //! - A request goes to its model's pool only: that pool's router decides
 //!   among that pool's replicas, for every policy alike (the same model
@@ -31,11 +42,12 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvgate_events::Event;
-use kvgate_index::{Index, PrefixMatch, ReplicaId, ReplicaSpec};
+use kvgate_events::{Batch, Event};
+use kvgate_fleet::{EngineScrape, HealthRules, LoraScrape, Role, TransferTotals};
+use kvgate_index::{Index, PrefixMatch, ReplicaId};
 use kvgate_router::{
-    Booking, Decision, Disagg, DisaggConfig, EngineReport, EngineTiming, Outcome, ReplicaInfo,
-    RouteRequest, Router, RouterConfig, RouterMetrics,
+    Booking, Decision, Disagg, DisaggConfig, EngineTiming, Outcome, RouteRequest, Router,
+    RouterConfig, RouterMetrics,
 };
 use kvgate_sim::{CacheIdentity, Engine, EngineConfig, EngineStats, Tracker};
 use rustc_hash::FxHashMap;
@@ -108,23 +120,21 @@ enum Delivery {
     Transfer { request: usize },
 }
 
-/// One model pool: its own index and router over its replicas.
-#[derive(Debug)]
-struct Pool {
-    index: Index,
-    router: Router,
-    /// Global positions of its replicas, in the order of `ids`.
-    replicas: Vec<usize>,
-}
-
 /// The fleet after a run, with what it recorded.
 #[derive(Debug)]
 pub struct Fleet {
     base: Instant,
     engines: Vec<Engine>,
-    /// Pool of each replica, and its id in that pool's index and router.
+    /// Pool of each replica (a P/D fleet's: 0 prefills, 1 decodes).
     pub(crate) pool_of: Vec<usize>,
-    pools: Vec<Pool>,
+    /// The fleet core, as `kvgate serve` drives it.
+    core: kvgate_fleet::Fleet,
+    /// Each pool's router among the core's (`kvgate_fleet::Fleet::routers`):
+    /// a model pool's own; a P/D fleet is one core pool whose prefill side
+    /// routes replay's pool 0.
+    router_slot: Vec<usize>,
+    /// Each replica's position by its id in the core.
+    by_id: FxHashMap<ReplicaId, usize>,
     /// The model each pool serves (`None`: any, a one-pool fleet).
     pool_models: Vec<Option<String>>,
     /// Whether routers hear of adapters (the workload names some).
@@ -144,8 +154,9 @@ pub struct Fleet {
     deliveries: BinaryHeap<Reverse<(Duration, u64)>>,
     delivery_items: FxHashMap<u64, Delivery>,
     next_seq: u64,
-    /// Open bookings by request: (pool, booking).
-    bookings: FxHashMap<usize, (usize, Booking)>,
+    /// Open bookings by request (the core finds a booking's router by its
+    /// id).
+    bookings: FxHashMap<usize, Booking>,
     scratch_matches: Vec<PrefixMatch>,
     /// One per workload request, in order.
     pub records: Vec<Record>,
@@ -160,10 +171,16 @@ pub struct Fleet {
     pub model_violations: u64,
     /// Requests naming a model no pool serves (not served).
     pub unknown_model: u64,
-    /// A P/D fleet's planner (pool 0 prefills, pool 1 decodes).
-    disagg: Option<Disagg>,
+    /// A P/D fleet (pool 0 prefills, pool 1 decodes): the core's pool 0
+    /// plans its requests.
+    disagg: bool,
     /// The physical prefill-to-decode link of a P/D fleet: seconds per token.
     transfer_s_per_token: f64,
+    /// KV bytes per transferred token (what NIXL's byte counter counts).
+    kv_bytes_per_token: f64,
+    /// Each decode engine's NIXL totals, as its `/metrics` would report
+    /// them (`None` on other replicas).
+    transfer_totals: Vec<Option<TransferTotals>>,
     /// Split requests between their prefill hop's admission and their
     /// decode hop's.
     hops: FxHashMap<usize, SplitHop>,
@@ -183,43 +200,10 @@ impl Fleet {
                 spec.replicas
             )));
         }
-        let mut pools = Vec::new();
-        for p in 0..spec.pool_count() {
-            let mut r = Router::new(router.clone(), Arc::new(RouterMetrics::default()))
-                .map_err(|e| bad(e.to_string()))?;
-            // Booking ids name one router's booking, as a gateway's pools do.
-            r.set_booking_id_base((p as u64) << 48);
-            pools.push(Pool { index: Index::new(), router: r, replicas: Vec::new() });
-        }
-        let mut ids = Vec::new();
-        let mut pool_of = Vec::new();
-        let mut engines = Vec::new();
-        for i in 0..spec.replicas {
-            let c = EngineConfig {
-                hash_seed: spec.engine.hash_seed.map(|s| s.wrapping_add(i as u64)),
-                ..spec.engine.clone()
-            };
-            let p = spec.pool_of(i);
-            let pool = &mut pools[p];
-            let name = format!("replica-{i}");
-            let gpu = u64::from(c.num_gpu_blocks);
-            let cpu = u64::from(c.num_cpu_blocks);
-            let mut rs = ReplicaSpec::new(name.clone(), 0, c.block_size);
-            rs.capacity_blocks = [Some(gpu), Some(cpu), None];
-            let id = pool.index.add_replica(rs).map_err(|e| bad(e.to_string()))?;
-            let info = ReplicaInfo {
-                name,
-                block_size: c.block_size,
-                capacity_blocks: [gpu, cpu, 0],
-                max_num_batched_tokens: c.max_num_batched_tokens,
-            };
-            pool.router.add_replica(id, info).map_err(|e| bad(e.to_string()))?;
-            pool.replicas.push(i);
-            ids.push(id);
-            pool_of.push(p);
-            engines.push(Engine::new(c).map_err(|e| bad(e.to_string()))?);
-        }
-        let n = engines.len();
+        let new_router = || {
+            Router::new(router.clone(), Arc::new(RouterMetrics::default()))
+                .map_err(|e| bad(e.to_string()))
+        };
         let pool_models = if spec.disagg.is_some() {
             if !spec.pools.is_empty() {
                 return Err(bad("a prefill/decode fleet serves one model".into()));
@@ -230,7 +214,8 @@ impl Fleet {
         } else {
             spec.pools.iter().cloned().map(Some).collect()
         };
-        let (disagg, transfer_s_per_token) = match &spec.disagg {
+        let (mut core, router_slot, transfer_s_per_token, kv_bytes_per_token) = match &spec.disagg
+        {
             Some(d) => {
                 if d.prefill == 0 || d.prefill >= spec.replicas {
                     return Err(bad(format!(
@@ -247,15 +232,53 @@ impl Fleet {
                     bandwidth_bytes_per_s: d.bandwidth_bytes_per_s,
                 };
                 let s = config.prior_s_per_token();
-                (Some(Disagg::new(config)), s)
+                // One model pool (the decode side's router, slot 0) with a
+                // prefill side (slot 1), as a `[disagg]` pool in serve.
+                let mut core = kvgate_fleet::Fleet::new(vec![new_router()?], HealthRules::default());
+                core.add_prefill_side(0, new_router()?, Disagg::new(config));
+                (core, vec![1, 0], s, d.kv_bytes_per_token as f64)
             }
-            None => (None, 0.0),
+            None => {
+                let routers = (0..spec.pool_count()).map(|_| new_router()).collect::<Result<_, _>>()?;
+                let core = kvgate_fleet::Fleet::new(routers, HealthRules::default());
+                (core, (0..spec.pool_count()).collect(), 0.0, 0.0)
+            }
         };
+        let mut ids = Vec::new();
+        let mut pool_of = Vec::new();
+        let mut engines = Vec::new();
+        let mut by_id = FxHashMap::default();
+        for i in 0..spec.replicas {
+            let c = EngineConfig {
+                hash_seed: spec.engine.hash_seed.map(|s| s.wrapping_add(i as u64)),
+                ..spec.engine.clone()
+            };
+            let p = spec.pool_of(i);
+            let (model_pool, role) = match spec.disagg {
+                Some(_) if p == 0 => (0, Role::Prefill),
+                Some(_) => (0, Role::Decode),
+                None => (p, Role::Both),
+            };
+            let name = format!("replica-{i}");
+            let id = core
+                .add_with_role(&name, 0, c.block_size, true, model_pool, role)
+                .map_err(bad)?;
+            by_id.insert(id, i);
+            ids.push(id);
+            pool_of.push(p);
+            engines.push(Engine::new(c).map_err(|e| bad(e.to_string()))?);
+        }
+        let n = engines.len();
+        let transfer_totals = (0..n)
+            .map(|i| (spec.disagg.is_some() && pool_of[i] == 1).then(TransferTotals::default))
+            .collect();
         Ok(Fleet {
             base: Instant::now(),
             engines,
             pool_of,
-            pools,
+            core,
+            router_slot,
+            by_id,
             pool_models,
             adapters: false,
             clocks: vec![Duration::ZERO; n],
@@ -278,8 +301,10 @@ impl Fleet {
             unserved: 0,
             model_violations: 0,
             unknown_model: 0,
-            disagg,
+            disagg: spec.disagg.is_some(),
             transfer_s_per_token,
+            kv_bytes_per_token,
+            transfer_totals,
             hops: FxHashMap::default(),
             transfers: Vec::new(),
         })
@@ -290,24 +315,46 @@ impl Fleet {
         self.engines.iter().map(Engine::stats).collect()
     }
 
-    /// The KV index the engines' events fed (the first pool's).
+    /// The KV index the engines' events fed (every replica's view).
     pub fn index(&self) -> &Index {
-        &self.pools[0].index
+        self.core.index()
     }
 
     /// The router (ledger totals, tentative stats, ...; the first pool's).
     pub fn router(&self) -> &Router {
-        &self.pools[0].router
+        self.pool_router(0)
     }
 
     /// Pools.
     pub fn pool_count(&self) -> usize {
-        self.pools.len()
+        self.router_slot.len()
     }
 
     /// Pool `p`'s router.
     pub fn pool_router(&self, p: usize) -> &Router {
-        &self.pools[p].router
+        &self.core.routers()[self.router_slot[p]]
+    }
+
+    /// The fleet core the run drove.
+    pub fn core(&self) -> &kvgate_fleet::Fleet {
+        &self.core
+    }
+
+    /// The replica (position in the fleet) the core calls `id`.
+    fn position(&self, id: ReplicaId) -> Option<usize> {
+        self.by_id.get(&id).copied()
+    }
+
+    /// The longest prefix (blocks, any tier) the index shows on a replica
+    /// of pool `p` for `keys`.
+    fn best_indexed(&mut self, p: usize, keys: &[kvgate_index::BlockKey]) -> u32 {
+        self.core.index().find_matches(keys, &mut self.scratch_matches);
+        let matches = &self.scratch_matches;
+        (0..self.ids.len())
+            .filter(|&g| self.pool_of[g] == p)
+            .filter_map(|g| matches.get(self.ids[g].index()).map(|m| m.total))
+            .max()
+            .unwrap_or(0)
     }
 
     /// The pool of replica `r` (position in the fleet).
@@ -333,6 +380,13 @@ impl Fleet {
     /// finished. `progress` is called with the number of requests that
     /// arrived since the last call.
     pub fn run(&mut self, workload: &Workload, rate_scale: f64, progress: &dyn Fn(u64)) {
+        // The core logs each replica's coming into rotation, for operators
+        // of a live fleet; a replay's replicas all come in at its start.
+        let quiet = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
+        tracing::dispatcher::with_default(&quiet, || self.run_quietly(workload, rate_scale, progress));
+    }
+
+    fn run_quietly(&mut self, workload: &Workload, rate_scale: f64, progress: &dyn Fn(u64)) {
         let n = workload.requests.len();
         self.records = Vec::with_capacity(n);
         self.adapters = workload.has_adapters();
@@ -392,8 +446,8 @@ impl Fleet {
         let now = self.base + at;
         match self.delivery_items.remove(&seq) {
             Some(Delivery::Events { replica, events }) => {
-                let pool = &mut self.pools[self.pool_of[replica]];
-                pool.index.apply_events(self.ids[replica], &events, now);
+                let batch = Batch { ts: at.as_secs_f64(), events, dp_rank: None, skipped_events: 0 };
+                self.core.apply_events(self.ids[replica], &batch, now);
             }
             Some(Delivery::PrefillDone { request, cached_tokens }) => {
                 self.prefill_done(request, cached_tokens, at);
@@ -406,14 +460,14 @@ impl Fleet {
                     if !rec.split {
                         rec.cached_tokens = cached_tokens;
                     }
-                    if let Some(&(p, b)) = self.bookings.get(&request) {
-                        self.pools[p].router.first_token(b, now);
+                    if let Some(&b) = self.bookings.get(&request) {
+                        self.core.first_token(b, now);
                     }
                 }
                 if finished {
                     rec.finished_at = Some(at);
-                    if let Some((p, b)) = self.bookings.remove(&request) {
-                        self.pools[p].router.finish(b, Outcome::Finished);
+                    if let Some(b) = self.bookings.remove(&request) {
+                        self.core.finish(b, Outcome::Finished);
                     }
                 }
             }
@@ -421,34 +475,39 @@ impl Fleet {
         }
     }
 
+    /// Every engine's `/metrics`, scraped at `t`; the core's upkeep.
     fn report_all(&mut self, t: Duration) {
         let at = self.base + t;
+        self.core.tick(at);
         let sample = t >= self.next_sample;
         let mut requests = Vec::new();
         for i in 0..self.engines.len() {
-            let s = self.engines[i].stats();
-            let report = EngineReport {
+            let engine = &self.engines[i];
+            let s = engine.stats();
+            let c = engine.config();
+            let lora = self.adapters.then(|| {
+                // `vllm:lora_requests_info`: slots, running and waiting.
+                let mut names = engine.running_loras();
+                names.extend(engine.waiting_loras());
+                names.sort_unstable();
+                names.dedup();
+                LoraScrape { max_loras: c.max_loras, adapters: names, at: t.as_secs_f64() }
+            });
+            let scrape = EngineScrape {
                 running: s.running as u32,
                 waiting: s.waiting as u32,
                 kv_usage: s.kv_usage,
-                prefix_cache_queries: s.prefix_cache_queries,
-                prefix_cache_hits: s.prefix_cache_hits,
+                prefix_queries: s.prefix_cache_queries,
+                prefix_hits: s.prefix_cache_hits,
+                block_size: Some(c.block_size),
+                num_gpu_blocks: Some(u64::from(c.num_gpu_blocks)),
+                num_cpu_blocks: Some(u64::from(c.num_cpu_blocks)),
                 timing: Some(self.timing[i]),
-                at,
+                lora,
+                transfers: self.transfer_totals[i],
+                step_budget: Some(c.max_num_batched_tokens),
             };
-            let router = &mut self.pools[self.pool_of[i]].router;
-            // The replica exists: it was added in `new`.
-            let _ = router.report(self.ids[i], report);
-            if self.adapters {
-                // `vllm:lora_requests_info`: slots, running and waiting.
-                let mut names = self.engines[i].running_loras();
-                names.extend(self.engines[i].waiting_loras());
-                names.sort_unstable();
-                names.dedup();
-                let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                let slots = self.engines[i].config().max_loras;
-                let _ = router.report_adapters(self.ids[i], slots, &names);
-            }
+            self.core.probe_succeeded(self.ids[i], Ok(scrape), at);
             if sample {
                 requests.push((s.running + s.waiting) as u32);
             }
@@ -469,7 +528,7 @@ impl Fleet {
             output_tokens: r.output_tokens,
             ..Record::default()
         };
-        if self.disagg.is_some() {
+        if self.disagg {
             let keys = r.block_keys(&tokens, self.engines[0].config().block_size as usize);
             self.arrive_disagg(i, tokens, r.output_tokens, &keys, rec);
             return;
@@ -492,12 +551,10 @@ impl Fleet {
             adapter: r.adapter.as_deref(),
             ..RouteRequest::default()
         };
-        let pool = &mut self.pools[p];
-        pool.index.find_matches(&keys, &mut self.scratch_matches);
-        rec.best_indexed_blocks = self.scratch_matches.iter().map(|m| m.total).max().unwrap_or(0);
+        rec.best_indexed_blocks = self.best_indexed(p, &keys);
         let now = self.base + at;
         let t0 = Instant::now();
-        let decision = pool.router.decide(&req, &pool.index, now);
+        let decision = self.core.route(p, &req, now);
         rec.decide_ns = t0.elapsed().as_nanos() as u64;
         let Decision::Routed(routed) = decision else {
             // No admission limits are set by replay; count it if it happens.
@@ -505,8 +562,8 @@ impl Fleet {
             self.records.push(rec);
             return;
         };
-        let Some(replica) = pool.replicas.iter().copied().find(|&g| self.ids[g] == routed.replica)
-        else {
+        let Some(replica) = self.position(routed.replica) else {
+            self.core.finish(routed.booking, Outcome::Error);
             self.unserved += 1;
             self.records.push(rec);
             return;
@@ -519,7 +576,7 @@ impl Fleet {
             .is_some_and(|m| m != workload.model_name(i))
         {
             self.model_violations += 1;
-            self.pools[p].router.finish(routed.booking, Outcome::Error);
+            self.core.finish(routed.booking, Outcome::Error);
             self.unserved += 1;
             self.records.push(rec);
             return;
@@ -539,12 +596,12 @@ impl Fleet {
             }
         }
         if added.is_err() {
-            self.pools[p].router.finish(routed.booking, Outcome::Error);
+            self.core.finish(routed.booking, Outcome::Error);
             self.unserved += 1;
         } else {
             self.trackers[replica].add(i as u64, prompt_len, at);
             rec.replica = Some(replica);
-            self.bookings.insert(i, (p, routed.booking));
+            self.bookings.insert(i, routed.booking);
         }
         self.records.push(rec);
     }

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 
 use kvgate_router::RouterConfig;
+use kvgate_fleet::HealthRules;
 use serde::{Deserialize, Serialize};
 
 pub(crate) mod cluster_config;
@@ -106,7 +107,7 @@ impl Default for LimitsConfig {
             key_failures_per_minute: 20,
             max_concurrent_requests: 4_096,
             max_connections: 16_384,
-            index_blocks_per_tier: 1 << 20,
+            index_blocks_per_tier: HealthRules::default().index_bound,
             shutdown_grace_ms: 30_000,
         }
     }
@@ -138,9 +139,9 @@ impl Default for MonitorConfig {
             health_interval_ms: 1_000,
             metrics_interval_ms: 1_000,
             probe_timeout_ms: 1_000,
-            unhealthy_after: 2,
-            purge_after_ms: 30_000,
-            rebuild_ms: 5_000,
+            unhealthy_after: HealthRules::default().unhealthy_after,
+            purge_after_ms: HealthRules::default().purge_after.as_millis() as u64,
+            rebuild_ms: HealthRules::default().rebuild.as_millis() as u64,
         }
     }
 }

@@ -1,13 +1,15 @@
 //! The prefill/decode fleet's part of the event loop (`FleetSpec::disagg`):
-//! pool 0 prefills, pool 1 decodes, and `kvgate_router::Disagg` plans each
-//! request. A split request runs as vLLM's NIXL connector runs it:
+//! pool 0 prefills, pool 1 decodes, and the fleet core plans each request
+//! (`kvgate_fleet::Fleet::plan`, as `kvgate serve` plans a `[disagg]`
+//! pool's). A split request runs as vLLM's NIXL connector runs it:
 //!
 //! 1. the prefill hop (`max_tokens` 1) on its prefill engine, whose blocks
 //!    stay held when it finishes (`Engine::set_hold_blocks`);
 //! 2. the transfer: the prompt tokens the decode engine lacks at that
 //!    moment × KV bytes per token ÷ bandwidth (the connector pulls only
 //!    what the decode side does not cache); at its end the prefill engine
-//!    frees the blocks (they stay cached) and the planner observes it;
+//!    frees the blocks (they stay cached) and the decode engine's NIXL
+//!    totals count it, which the planner learns at the next scrape;
 //! 3. the decode hop on its decode engine, which loads the transferred KV
 //!    and computes only the last prompt token (`Engine::set_remote_kv`);
 //!    its first token is the request's.
@@ -19,7 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use kvgate_index::{BlockKey, ReplicaId};
+use kvgate_index::BlockKey;
 use kvgate_router::{Booking, Outcome, PdCounts, PdPlan, RouteRequest};
 use kvgate_sim::CacheIdentity;
 
@@ -60,14 +62,11 @@ impl Fleet {
             approx_symbols: Some(&tokens),
             ..RouteRequest::default()
         };
-        let Some(planner) = self.disagg.as_mut() else { return };
-        let (p, d) = self.pools.split_at_mut(1);
-        let (p, d) = (&mut p[0], &mut d[0]);
-        d.index.find_matches(keys, &mut self.scratch_matches);
-        rec.best_indexed_blocks = self.scratch_matches.iter().map(|m| m.total).max().unwrap_or(0);
+        rec.best_indexed_blocks = self.best_indexed(1, keys);
         let t0 = Instant::now();
-        let plan = planner.plan((&mut p.router, &p.index), (&mut d.router, &d.index), &req, now);
+        let plan = self.core.plan(0, &req, now);
         rec.decide_ns = t0.elapsed().as_nanos() as u64;
+        let Some(plan) = plan else { return self.unserved_record(rec) };
         match plan {
             Ok(PdPlan::Aggregated(routed)) => {
                 self.start_whole(1, i, tokens, output_tokens, routed, rec)
@@ -79,6 +78,8 @@ impl Fleet {
                 let (Some(pg), Some(dg)) =
                     (self.global(0, prefill.replica), self.global(1, decode.replica))
                 else {
+                    self.core.finish(prefill.booking, Outcome::Error);
+                    self.core.finish(decode.booking, Outcome::Error);
                     return self.unserved_record(rec);
                 };
                 rec.routed_cached_blocks = prefill.cached_blocks;
@@ -87,7 +88,7 @@ impl Fleet {
                 let hop_tokens = tokens.clone();
                 if self.start(pg, i as u64 | PREFILL_HOP, hop_tokens, 1, at, true) {
                     rec.replica = Some(dg);
-                    self.bookings.insert(i, (1, decode.booking));
+                    self.bookings.insert(i, decode.booking);
                     self.hops.insert(
                         i,
                         SplitHop {
@@ -100,8 +101,8 @@ impl Fleet {
                         },
                     );
                 } else {
-                    self.pools[0].router.finish(prefill.booking, Outcome::Error);
-                    self.pools[1].router.finish(decode.booking, Outcome::Error);
+                    self.core.finish(prefill.booking, Outcome::Error);
+                    self.core.finish(decode.booking, Outcome::Error);
                     self.unserved += 1;
                 }
                 self.records.push(rec);
@@ -122,23 +123,24 @@ impl Fleet {
         mut rec: Record,
     ) {
         let Some(g) = self.global(pool, routed.replica) else {
+            self.core.finish(routed.booking, Outcome::Error);
             return self.unserved_record(rec);
         };
         rec.routed_cached_blocks = routed.cached_blocks;
         rec.predicted_ttft_s = routed.predicted_ttft_s;
         if self.start(g, i as u64, tokens, output_tokens, rec.arrival, false) {
             rec.replica = Some(g);
-            self.bookings.insert(i, (pool, routed.booking));
+            self.bookings.insert(i, routed.booking);
         } else {
-            self.pools[pool].router.finish(routed.booking, Outcome::Error);
+            self.core.finish(routed.booking, Outcome::Error);
             self.unserved += 1;
         }
         self.records.push(rec);
     }
 
-    /// The fleet-wide replica of pool `pool` that its router calls `id`.
-    fn global(&self, pool: usize, id: ReplicaId) -> Option<usize> {
-        self.pools[pool].replicas.iter().copied().find(|&g| self.ids[g] == id)
+    /// The fleet-wide replica the core calls `id`, when it is in `pool`.
+    fn global(&self, pool: usize, id: kvgate_index::ReplicaId) -> Option<usize> {
+        self.position(id).filter(|&g| self.pool_of[g] == pool)
     }
 
     fn unserved_record(&mut self, rec: Record) {
@@ -178,9 +180,8 @@ impl Fleet {
     pub(super) fn prefill_done(&mut self, request: usize, cached_tokens: u32, at: Duration) {
         let Some(hop) = self.hops.get_mut(&request) else { return };
         let now = self.base + at;
-        let router = &mut self.pools[0].router;
-        router.first_token(hop.prefill_booking, now);
-        router.finish(hop.prefill_booking, Outcome::Finished);
+        self.core.first_token(hop.prefill_booking, now);
+        self.core.finish(hop.prefill_booking, Outcome::Finished);
         self.records[request].cached_tokens = cached_tokens;
         let have = self.engines[hop.decode_replica]
             .prefix_hit_tokens(&hop.tokens, &CacheIdentity::default());
@@ -198,8 +199,10 @@ impl Fleet {
         if let Some((tokens, since)) = hop.transfer {
             let secs = at.saturating_sub(since).as_secs_f64();
             self.transfers.push((tokens, secs));
-            if let Some(planner) = &mut self.disagg {
-                planner.observe_transfer(tokens, secs);
+            if let Some(t) = &mut self.transfer_totals[hop.decode_replica] {
+                t.count += 1.0;
+                t.seconds += secs;
+                t.bytes += tokens as f64 * self.kv_bytes_per_token;
             }
         }
         let (g, id) = (hop.decode_replica, request as u64);
@@ -207,8 +210,8 @@ impl Fleet {
             && self.engines[g].set_remote_kv(id).is_ok();
         if !started {
             self.engines[g].abort(id);
-            if let Some((p, b)) = self.bookings.remove(&request) {
-                self.pools[p].router.finish(b, Outcome::Error);
+            if let Some(b) = self.bookings.remove(&request) {
+                self.core.finish(b, Outcome::Error);
             }
             self.records[request].replica = None;
             self.unserved += 1;
@@ -217,6 +220,6 @@ impl Fleet {
 
     /// The planner's counts (`None` on an aggregated fleet).
     pub fn disagg_counts(&self) -> Option<PdCounts> {
-        self.disagg.as_ref().map(|d| d.counts())
+        self.core.pd_counts(0).filter(|_| self.disagg)
     }
 }
