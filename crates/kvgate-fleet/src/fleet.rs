@@ -19,8 +19,7 @@ use kvgate_events::Batch;
 use kvgate_index::{BlockKey, Index, ReplicaId, ReplicaSpec, SpentTable};
 use kvgate_router::{
     Booking, Decision, Disagg, EngineReport, Health, LedgerChange, Outcome, PdCounts, PdPlan,
-    PdRefusal,
-    PeerId, RejectReason, ReplicaInfo, RouteRequest, Router,
+    PdRefusal, PeerId, RejectReason, ReplicaInfo, RouteRequest, Router,
 };
 
 use crate::replica_status::{Failure, ReplicaStatus};

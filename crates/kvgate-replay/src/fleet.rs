@@ -57,8 +57,10 @@ use crate::error::ReplayError;
 use crate::workload::Workload;
 
 mod disagg;
+mod journal;
 
 use disagg::{SplitHop, PREFILL_HOP};
+pub use journal::CoreInput;
 
 /// Virtual time between two load samples.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
@@ -186,6 +188,8 @@ pub struct Fleet {
     hops: FxHashMap<usize, SplitHop>,
     /// Each transfer of a split request: (tokens, seconds).
     pub transfers: Vec<(u64, f64)>,
+    /// What the loop handed the core, when kept (`journal.rs`).
+    journal: Option<Vec<CoreInput>>,
 }
 
 impl Fleet {
@@ -214,8 +218,7 @@ impl Fleet {
         } else {
             spec.pools.iter().cloned().map(Some).collect()
         };
-        let (mut core, router_slot, transfer_s_per_token, kv_bytes_per_token) = match &spec.disagg
-        {
+        let (mut core, router_slot, transfer_s_per_token, kv_bytes_per_token) = match &spec.disagg {
             Some(d) => {
                 if d.prefill == 0 || d.prefill >= spec.replicas {
                     return Err(bad(format!(
@@ -234,12 +237,14 @@ impl Fleet {
                 let s = config.prior_s_per_token();
                 // One model pool (the decode side's router, slot 0) with a
                 // prefill side (slot 1), as a `[disagg]` pool in serve.
-                let mut core = kvgate_fleet::Fleet::new(vec![new_router()?], HealthRules::default());
+                let mut core =
+                    kvgate_fleet::Fleet::new(vec![new_router()?], HealthRules::default());
                 core.add_prefill_side(0, new_router()?, Disagg::new(config));
                 (core, vec![1, 0], s, d.kv_bytes_per_token as f64)
             }
             None => {
-                let routers = (0..spec.pool_count()).map(|_| new_router()).collect::<Result<_, _>>()?;
+                let routers =
+                    (0..spec.pool_count()).map(|_| new_router()).collect::<Result<_, _>>()?;
                 let core = kvgate_fleet::Fleet::new(routers, HealthRules::default());
                 (core, (0..spec.pool_count()).collect(), 0.0, 0.0)
             }
@@ -260,9 +265,8 @@ impl Fleet {
                 None => (p, Role::Both),
             };
             let name = format!("replica-{i}");
-            let id = core
-                .add_with_role(&name, 0, c.block_size, true, model_pool, role)
-                .map_err(bad)?;
+            let id =
+                core.add_with_role(&name, 0, c.block_size, true, model_pool, role).map_err(bad)?;
             by_id.insert(id, i);
             ids.push(id);
             pool_of.push(p);
@@ -307,6 +311,7 @@ impl Fleet {
             transfer_totals,
             hops: FxHashMap::default(),
             transfers: Vec::new(),
+            journal: None,
         })
     }
 
@@ -383,7 +388,9 @@ impl Fleet {
         // The core logs each replica's coming into rotation, for operators
         // of a live fleet; a replay's replicas all come in at its start.
         let quiet = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
-        tracing::dispatcher::with_default(&quiet, || self.run_quietly(workload, rate_scale, progress));
+        tracing::dispatcher::with_default(&quiet, || {
+            self.run_quietly(workload, rate_scale, progress)
+        });
     }
 
     fn run_quietly(&mut self, workload: &Workload, rate_scale: f64, progress: &dyn Fn(u64)) {
@@ -446,14 +453,22 @@ impl Fleet {
         let now = self.base + at;
         match self.delivery_items.remove(&seq) {
             Some(Delivery::Events { replica, events }) => {
-                let batch = Batch { ts: at.as_secs_f64(), events, dp_rank: None, skipped_events: 0 };
+                let batch =
+                    Batch { ts: at.as_secs_f64(), events, dp_rank: None, skipped_events: 0 };
                 self.core.apply_events(self.ids[replica], &batch, now);
+                self.note(|| CoreInput::Events { at, replica, batch });
             }
             Some(Delivery::PrefillDone { request, cached_tokens }) => {
                 self.prefill_done(request, cached_tokens, at);
             }
             Some(Delivery::Transfer { request }) => self.transfer_done(request, at),
             Some(Delivery::Token { request, is_first, finished, cached_tokens }) => {
+                if is_first {
+                    self.note(|| CoreInput::FirstToken { at, request });
+                }
+                if finished {
+                    self.note(|| CoreInput::Finished { at, request });
+                }
                 let rec = &mut self.records[request];
                 if is_first {
                     rec.first_token_at = Some(at);
@@ -479,6 +494,7 @@ impl Fleet {
     fn report_all(&mut self, t: Duration) {
         let at = self.base + t;
         self.core.tick(at);
+        self.note(|| CoreInput::Tick { at: t });
         let sample = t >= self.next_sample;
         let mut requests = Vec::new();
         for i in 0..self.engines.len() {
@@ -507,6 +523,9 @@ impl Fleet {
                 transfers: self.transfer_totals[i],
                 step_budget: Some(c.max_num_batched_tokens),
             };
+            if let Some(j) = &mut self.journal {
+                j.push(CoreInput::Scrape { at: t, replica: i, scrape: scrape.clone() });
+            }
             self.core.probe_succeeded(self.ids[i], Ok(scrape), at);
             if sample {
                 requests.push((s.running + s.waiting) as u32);
@@ -520,6 +539,7 @@ impl Fleet {
     }
 
     fn arrive(&mut self, workload: &Workload, i: usize, at: Duration) {
+        self.note(|| CoreInput::Arrival { at, request: i });
         let r = &workload.requests[i];
         let tokens = r.prompt.tokens();
         let mut rec = Record {

@@ -42,7 +42,7 @@ mod workload;
 
 pub use capacity::{DisaggSpec, FleetSpec, KvMemoryModel};
 pub use error::{LineError, ReplayError};
-pub use fleet::{Fleet, LoadSample, Record};
+pub use fleet::{CoreInput, Fleet, LoadSample, Record};
 pub use metrics::{
     max_over_mean, DisaggSummary, Distribution, PlanTtft, RunFacts, RunSummary, Tally,
 };

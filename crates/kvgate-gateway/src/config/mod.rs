@@ -6,8 +6,8 @@
 
 use std::net::SocketAddr;
 
-use kvgate_router::RouterConfig;
 use kvgate_fleet::HealthRules;
+use kvgate_router::RouterConfig;
 use serde::{Deserialize, Serialize};
 
 pub(crate) mod cluster_config;

@@ -4,7 +4,7 @@
 //! recorded, so tests see where it went and what it carried.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderValue};
@@ -37,6 +37,15 @@ pub(crate) enum Answer {
     Sse(Vec<(Duration, &'static str)>, End),
     /// No response head, ever.
     Hang,
+    /// 200 `text/event-stream` whose chunks the test sends, each when it
+    /// chooses (see [`fed`]); dropping the sender closes the stream.
+    Fed(Arc<Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<&'static str>>>>),
+}
+
+/// A [`Answer::Fed`] stream and the sender of its chunks.
+pub(crate) fn fed() -> (Answer, tokio::sync::mpsc::UnboundedSender<&'static str>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    (Answer::Fed(Arc::new(Mutex::new(Some(rx)))), tx)
 }
 
 /// A short well-formed completion stream: one token, then `[DONE]`.
@@ -117,6 +126,14 @@ impl EngineClient for FakeEngines {
                     };
                     Ok(EngineResponse { status: 200, headers, body: chunks.chain(tail).boxed() })
                 }
+                Answer::Fed(rx) => {
+                    headers.insert("content-type", HeaderValue::from_static("text/event-stream"));
+                    let Some(rx) = lock(&rx).take() else {
+                        return Err(SendError::Failed("a fed answer is used once".into()));
+                    };
+                    let body = chunks_from(rx).map(|t| Ok(Bytes::from_static(t.as_bytes())));
+                    Ok(EngineResponse { status: 200, headers, body: body.boxed() })
+                }
             }
         })
     }
@@ -130,4 +147,11 @@ impl EngineClient for FakeEngines {
         let body = if url.ends_with("/v1/models") { r#"{"object":"list","data":[]}"# } else { "" };
         Box::pin(async move { Ok(body.to_owned()) })
     }
+}
+
+/// The chunks a test sends, as a stream that ends when the sender goes.
+fn chunks_from(
+    rx: tokio::sync::mpsc::UnboundedReceiver<&'static str>,
+) -> impl futures_util::Stream<Item = &'static str> {
+    stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|t| (t, rx)) })
 }

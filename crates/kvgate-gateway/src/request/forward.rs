@@ -17,6 +17,7 @@ use kvgate_router::{Outcome, Routed};
 use crate::doors::shed::InflightPermit;
 use crate::replicas::replica::Replica;
 use crate::request::booking::HeldBooking;
+use crate::request::clock;
 use crate::request::conversation;
 use crate::request::engine_client::EngineResponse;
 pub(crate) use crate::request::forwarder::Forwarder;
@@ -106,7 +107,7 @@ pub(crate) async fn forward(
                 booking.finish(Outcome::Error);
                 let (reason, message) = (err.reason.label(), &err.body.error.message);
                 tracing::warn!(replica = %replica.name, %reason, error = %message, "engine failed; trying another replica");
-                fwd.fleet.failed(replica.id, message.clone(), Failure::Error, Instant::now());
+                fwd.fleet.failed(replica.id, message.clone(), Failure::Error, clock::now());
                 fwd.metrics.count(err.reason);
                 attempts.exclude.push(replica.id);
                 // A pinned request has no other replica to try.
@@ -209,7 +210,7 @@ async fn respond(
     let body = tokio::select! {
         b = &mut body_fut => b,
         _ = tokio::time::sleep(predicted) => {
-            booking.first_token_unmeasured(Instant::now());
+            booking.first_token_unmeasured(clock::now());
             body_fut.await
         }
     };
@@ -237,7 +238,7 @@ async fn respond(
                 replica.name
             ));
             let error = err.error.message.clone();
-            fwd.fleet.failed(replica.id, error, Failure::Error, Instant::now());
+            fwd.fleet.failed(replica.id, error, Failure::Error, clock::now());
             let mut r = answer(
                 &fwd.metrics,
                 Some(p.route),
@@ -292,3 +293,7 @@ fn rewriter(
 #[cfg(test)]
 #[path = "forward/tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "forward/replay_tests.rs"]
+mod replay_tests;

@@ -4,7 +4,7 @@
 //! `pd_forward.rs` (a disaggregated request's two hops) both send here.
 
 use std::sync::Arc;
-use std::time::Instant;
+
 use tracing::Instrument;
 
 use axum::http::{header, HeaderValue};
@@ -16,6 +16,7 @@ use crate::observe::metrics::Metrics;
 use crate::replicas::directory::Directory;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
+use crate::request::clock;
 use crate::request::engine_client::{
     BodyStream, EngineClient, EngineRequest, EngineResponse, SendError,
 };
@@ -109,7 +110,7 @@ async fn send_in(
                 // Nothing listens there (refused, unreachable): the replica
                 // is gone, not slow; take it out of rotation at once.
                 let error = format!("connect failed: {err}");
-                fwd.fleet.failed(replica.id, error, Failure::Unreachable, Instant::now());
+                fwd.fleet.failed(replica.id, error, Failure::Unreachable, clock::now());
             }
             let e =
                 ErrorResponse::bad_gateway(format!("replica {} unreachable: {err}", replica.name));

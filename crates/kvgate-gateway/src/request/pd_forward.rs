@@ -24,7 +24,6 @@
 //! decode hop's moves with its first token as any request's does.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::http::{header, HeaderValue};
 use bytes::Bytes;
@@ -33,6 +32,7 @@ use serde_json::{json, Map, Value};
 
 use crate::replicas::replica::Replica;
 use crate::request::booking::HeldBooking;
+use crate::request::clock;
 use crate::request::engine_client::EngineResponse;
 use crate::request::forwarder::{read_capped, send_body, Forwarder};
 use crate::request::placement::Attempts;
@@ -67,7 +67,7 @@ pub(crate) async fn split(
     let max_retries = fwd.limits.max_retries as usize;
     for _ in 0..=max_retries {
         let req = p.route_request(None, &attempts.exclude);
-        let plan = fwd.fleet.plan(p.pool, &req, Instant::now());
+        let plan = fwd.fleet.plan(p.pool, &req, clock::now());
         let (prefill, decode) = match plan {
             Some(Ok(PdPlan::Split { prefill, decode })) => (prefill, decode),
             Some(Ok(PdPlan::Aggregated(whole))) => {
@@ -111,7 +111,7 @@ pub(crate) async fn split(
                 decode_booking.finish(Outcome::Error);
                 let message = err.body.error.message.clone();
                 tracing::warn!(replica = %replica.name, error = %message, "decode hop failed; serving the request whole");
-                fwd.fleet.failed(replica.id, message, Failure::Error, Instant::now());
+                fwd.fleet.failed(replica.id, message, Failure::Error, clock::now());
                 fwd.metrics.count(err.reason);
                 attempts.exclude.push(replica.id);
                 attempts.last_error = Some(err);
@@ -146,7 +146,7 @@ async fn prefill_hop(
     };
     let fail = |why: String| {
         tracing::warn!(replica = %replica.name, error = %why, "prefill hop failed; planning again");
-        fwd.fleet.failed(replica.id, why, Failure::Error, Instant::now());
+        fwd.fleet.failed(replica.id, why, Failure::Error, clock::now());
         Err(HopFailure::Replica(replica.id))
     };
     let Some(body) = prefill_body(&p.body_for(replica.config.passthrough)) else {
@@ -176,7 +176,7 @@ async fn prefill_hop(
     match params {
         Some(params) => {
             // The prefill's one token is its first and last.
-            booking.first_token(Instant::now());
+            booking.first_token(clock::now());
             booking.finish(Outcome::Finished);
             Ok(params)
         }

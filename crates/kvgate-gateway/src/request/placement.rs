@@ -18,6 +18,7 @@ use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::pool::Pools;
 use crate::request::adapter_load::AdapterLoader;
 use crate::request::admission::{Admission, Ticket};
+use crate::request::clock;
 use crate::request::prepare::Prepared;
 use crate::request::request_error::{Reason, RequestError};
 use kvgate_fleet::PoolId;
@@ -64,7 +65,7 @@ impl Attempts {
         let admission = placer.admission(pool);
         let mut queued_since = None;
         let ticket = (!admission.is_empty()).then(|| {
-            queued_since = Some(Instant::now());
+            queued_since = Some(clock::now());
             admission.join()
         });
         let not_serving = exclude.len();
@@ -140,10 +141,10 @@ impl Placer {
             if let Some(t) = &a.ticket {
                 a.admission.turn(t).await;
             }
-            let now = Instant::now();
+            let (now, t0) = (clock::now(), Instant::now());
             let req = p.route_request(a.queued_since, &a.exclude);
             let decision = self.fleet.route(a.pool, &req, now);
-            self.metrics.decide_time(now.elapsed().as_secs_f64());
+            self.metrics.decide_time(t0.elapsed().as_secs_f64());
             if !matches!(decision, Decision::Wait { .. }) {
                 // Routed or refused: the next in line goes now.
                 drop(a.ticket.take());

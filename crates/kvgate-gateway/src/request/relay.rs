@@ -47,6 +47,7 @@ use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
 use crate::request::affinity::Rewriter;
 use crate::request::booking::HeldBooking;
+use crate::request::clock::now;
 use crate::request::engine_client::BodyStream;
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::Api;
@@ -351,16 +352,6 @@ impl Drop for Relay {
             self.metrics.count(Reason::ClientDisconnect);
         }
     }
-}
-
-/// Now, on tokio's clock, which the stall timer's sleep waits on. In a
-/// running gateway it is `Instant::now()`; under a paused test clock the
-/// stall check, TTFT and the request's duration follow virtual time with
-/// it. Read from `std`, the check after the sleep fired saw a deadline not
-/// yet reached, re-armed the sleep for that deadline (already past on the
-/// paused clock) and spun until real time caught up (`relay/tests.rs`).
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 /// Why the upstream stream ended.

@@ -17,8 +17,8 @@ use crate::config::{GatewayConfig, ReplicaConfig};
 use crate::doors::api::ApiContext;
 use crate::request::engine_fake::{one_token_stream, Answer, End, FakeEngines};
 
-const TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"text\":\"hi\"}]}\n\n";
-const DONE: &str = "data: [DONE]\n\n";
+pub(super) const TOKEN: &str = "data: {\"choices\":[{\"index\":0,\"text\":\"hi\"}]}\n\n";
+pub(super) const DONE: &str = "data: [DONE]\n\n";
 
 fn tokenizer() -> Arc<TokenizeService> {
     static T: OnceLock<Arc<TokenizeService>> = OnceLock::new();
@@ -31,7 +31,7 @@ fn tokenizer() -> Arc<TokenizeService> {
 
 /// A gateway over fake engines at `engines` (`host:port`), every one in
 /// rotation.
-async fn gateway(
+pub(super) async fn gateway(
     engines: &[&str],
     tweak: impl FnOnce(&mut GatewayConfig),
 ) -> (Arc<ApiContext>, Arc<FakeEngines>) {
