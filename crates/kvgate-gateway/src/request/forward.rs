@@ -22,8 +22,8 @@ use crate::request::conversation;
 use crate::request::engine_client::EngineResponse;
 pub(crate) use crate::request::forwarder::Forwarder;
 use crate::request::forwarder::{read_capped, send, MAX_WHOLE_RESPONSE};
-use crate::request::pd_forward::{self, Split};
-use crate::request::placement::Attempts;
+use crate::request::pd_forward::{self, Decoded};
+use crate::request::placement::{Attempts, Placed};
 use crate::request::prepare::Prepared;
 use crate::request::relay::{Relay, RelayContext};
 use crate::request::request_error::{Reason, RequestError};
@@ -56,34 +56,33 @@ pub(crate) async fn forward(
         }
     }
     let mut attempts = Attempts::new(&fwd.placer, p.pool, exclude);
+    // A disaggregated pool may split it: both hops run here
+    // (`pd_forward.rs`); a continued conversation stays whole where it is.
+    attempts.split =
+        p.disaggregated && p.continues.is_none() && pd_forward::splittable(&p.original);
     let max_retries = fwd.limits.max_retries;
-    // A disaggregated pool plans first: split (both hops run here), or
-    // whole on the decode replica it chose, or whole wherever placement
-    // decides below.
-    let mut planned = None;
-    if p.disaggregated && p.continues.is_none() {
-        match pd_forward::split(fwd, &p, &fwd_headers, &mut attempts).await {
-            Split::Decoded { replica, routed, booking, resp } => {
+    // The one retry loop: placed (admission included), sent, and on a
+    // failure before the first byte placed again without the replica that
+    // failed (or, after a failed split, whole).
+    loop {
+        // The decision, with the admission wait when every replica is busy.
+        let placed = {
+            let traced = crate::request::trace_context::in_traced_request();
+            let span = crate::request::trace_context::stage_span!(traced, "decide");
+            fwd.placer.place_or_split(&p, &mut attempts).instrument(span).await
+        };
+        let routed = match placed {
+            Ok(Placed::Whole(r)) => r,
+            Ok(Placed::Split { prefill, decode }) => {
+                let hops = pd_forward::hops(fwd, &p, &fwd_headers, prefill, decode, &mut attempts);
+                let Some(Decoded { replica, routed, booking, resp }) = hops.await else {
+                    continue;
+                };
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 fwd.placer.count_prompt(&p, 0);
                 record_decision(&replica, &routed);
                 return respond(fwd, &p, replica, routed, booking, resp, permit, t0).await;
             }
-            Split::Whole(routed) => planned = routed,
-        }
-    }
-    loop {
-        let placed = match planned.take() {
-            Some(r) => Ok(r),
-            // The decision, with the admission wait when every replica is busy.
-            None => {
-                let traced = crate::request::trace_context::in_traced_request();
-                let span = crate::request::trace_context::stage_span!(traced, "decide");
-                fwd.placer.place(&p, &mut attempts).instrument(span).await
-            }
-        };
-        let routed = match placed {
-            Ok(r) => r,
             Err(e) => return answer(&fwd.metrics, route, "", &e),
         };
         // Held from here: a request dropped while the engine is asked

@@ -2,23 +2,26 @@
 //! docs/routing.md "Prefill/decode disaggregation"), as vLLM 0.33's NIXL
 //! connector expects over HTTP (docs/pd-protocol.md):
 //!
-//! 1. the fleet's planner decides: serve it whole on a decode replica (the
-//!    bypass) or on a prefill replica (`disagg.whole_on_prefill`), and the
-//!    normal path continues with that decision; or split it;
+//! 1. placement (`placement.rs`, through the admission queue like any
+//!    request) asks the pool's planner: serve it whole on a decode replica
+//!    (the bypass) or on a prefill replica (`disagg.whole_on_prefill`), sent
+//!    as any request; or split it, and `forward.rs`'s loop runs the hops
+//!    here;
 //! 2. the prefill hop: the request's body (with the prompt's token ids)
 //!    plus `kv_transfer_params: {do_remote_decode: true, ...}`,
 //!    `max_tokens: 1`, not streamed, without `stream_options`,
 //!    `min_tokens` and `min_completion_tokens` (vLLM refuses
 //!    `min_tokens > max_tokens`). A prefill replica that fails (connection,
 //!    5xx, timeout, or no `kv_transfer_params` in its answer) is marked and
-//!    the request is planned again without it, up to `limits.max_retries`;
+//!    the request is placed again without it; once `limits.max_retries`
+//!    replicas have failed it, it is served whole;
 //! 3. the decode hop: the client's request unchanged but for
 //!    `kv_transfer_params`, which is exactly what the prefill answered (plus
 //!    `prompt_token_ids` for chat, where kvgate hands vLLM the ids), sent
 //!    at once (the prefill side holds the blocks only for its lease). It
 //!    streams to the client through the relay. If it fails before any byte
-//!    reached the client, the request is served whole elsewhere, without
-//!    the stale parameters.
+//!    reached the client, the request is placed again whole, elsewhere,
+//!    without the stale parameters.
 //!
 //! Every hop holds its booking: the prefill hop's ends with its answer, the
 //! decode hop's moves with its first token as any request's does.
@@ -27,7 +30,7 @@ use std::sync::Arc;
 
 use axum::http::{header, HeaderValue};
 use bytes::Bytes;
-use kvgate_router::{Outcome, PdPlan, Routed};
+use kvgate_router::{Outcome, Routed};
 use serde_json::{json, Map, Value};
 
 use crate::replicas::replica::Replica;
@@ -43,85 +46,70 @@ use kvgate_fleet::Failure;
 /// Largest prefill answer read, bytes (one token and its parameters).
 const MAX_PREFILL_ANSWER: usize = 4 << 20;
 
-/// What became of a split attempt.
-pub(crate) enum Split {
-    /// The decode hop answered: relay it.
-    Decoded { replica: Arc<Replica>, routed: Routed, booking: HeldBooking, resp: EngineResponse },
-    /// Serve it whole, on this replica the planner chose (a bypass, or a
-    /// prefill replica) or, with `None`, wherever the normal placement decides (the planner
-    /// refused, every prefill replica failed, or the decode hop failed).
-    Whole(Option<Routed>),
+/// A split request whose decode hop answered: relay it.
+pub(crate) struct Decoded {
+    pub(crate) replica: Arc<Replica>,
+    pub(crate) routed: Routed,
+    pub(crate) booking: HeldBooking,
+    pub(crate) resp: EngineResponse,
 }
 
-/// Plans `p` in its disaggregated pool and, if split, runs both hops.
-pub(crate) async fn split(
+/// Runs a split request's hops: `prefill`'s, then `decode`'s with the
+/// parameters the prefill answered. `None`: place it again, as `attempts`
+/// now says (without a failed replica; whole after a refused request, a
+/// failed decode hop, or `limits.max_retries` failed prefill replicas).
+pub(crate) async fn hops(
     fwd: &Forwarder,
     p: &Prepared,
     fwd_headers: &[(header::HeaderName, HeaderValue)],
+    prefill: Routed,
+    decode: Routed,
     attempts: &mut Attempts,
-) -> Split {
-    if !splittable(&p.original) {
-        // Several prompts or choices: vLLM hands over one prompt's KV.
-        return Split::Whole(None);
-    }
-    let max_retries = fwd.limits.max_retries as usize;
-    for _ in 0..=max_retries {
-        let req = p.route_request(None, &attempts.exclude);
-        let plan = fwd.fleet.plan(p.pool, &req, clock::now());
-        let (prefill, decode) = match plan {
-            Some(Ok(PdPlan::Split { prefill, decode })) => (prefill, decode),
-            Some(Ok(PdPlan::Aggregated(whole))) => {
-                fwd.metrics.disagg_plan("bypass");
-                return Split::Whole(Some(whole));
+) -> Option<Decoded> {
+    let decode_booking = HeldBooking::new(Arc::clone(&fwd.fleet), decode.booking);
+    let params = match prefill_hop(fwd, p, fwd_headers, prefill).await {
+        Ok(params) => params,
+        Err(HopFailure::Replica(failed)) => {
+            // Placed again without the failed prefill replica.
+            decode_booking.finish(Outcome::Cancelled);
+            attempts.exclude.push(failed);
+            if attempts.tried() > fwd.limits.max_retries as usize {
+                fwd.metrics.disagg_plan("prefill_fallback");
+                attempts.split = false;
             }
-            Some(Ok(PdPlan::OnPrefill(whole))) => {
-                fwd.metrics.disagg_plan("on_prefill");
-                return Split::Whole(Some(whole));
-            }
-            // No decode replica now: the normal path waits or refuses.
-            Some(Err(_)) | None => return Split::Whole(None),
-        };
-        let decode_booking = HeldBooking::new(Arc::clone(&fwd.fleet), decode.booking);
-        let params = match prefill_hop(fwd, p, fwd_headers, prefill).await {
-            Ok(params) => params,
-            Err(HopFailure::Replica(failed)) => {
-                // Planned again without the failed prefill replica.
-                decode_booking.finish(Outcome::Cancelled);
-                attempts.exclude.push(failed);
-                continue;
-            }
-            Err(HopFailure::Request) => {
-                // The engine refused the request itself (4xx): served
-                // whole, its answer reaches the client.
-                decode_booking.finish(Outcome::Cancelled);
-                return Split::Whole(None);
-            }
-        };
-        fwd.metrics.disagg_plan("split");
-        let Some(replica) = fwd.replicas.get(decode.replica) else {
+            return None;
+        }
+        Err(HopFailure::Request) => {
+            // The engine refused the request itself (4xx): served whole,
+            // its answer reaches the client.
+            decode_booking.finish(Outcome::Cancelled);
+            attempts.split = false;
+            return None;
+        }
+    };
+    fwd.metrics.disagg_plan("split");
+    attempts.split = false;
+    let Some(replica) = fwd.replicas.get(decode.replica) else {
+        // Removed between the decision and now.
+        decode_booking.finish(Outcome::Error);
+        attempts.exclude.push(decode.replica);
+        return None;
+    };
+    let body = decode_body(p, &replica, params);
+    match send_body(fwd, p, &replica, fwd_headers, body).await {
+        Ok(resp) => Some(Decoded { replica, routed: decode, booking: decode_booking, resp }),
+        Err(err) => {
             decode_booking.finish(Outcome::Error);
-            return Split::Whole(None);
-        };
-        let body = decode_body(p, &replica, params);
-        match send_body(fwd, p, &replica, fwd_headers, body).await {
-            Ok(resp) => {
-                return Split::Decoded { replica, routed: decode, booking: decode_booking, resp }
-            }
-            Err(err) => {
-                decode_booking.finish(Outcome::Error);
-                let message = err.body.error.message.clone();
-                tracing::warn!(replica = %replica.name, error = %message, "decode hop failed; serving the request whole");
-                fwd.fleet.failed(replica.id, message, Failure::Error, clock::now());
-                fwd.metrics.count(err.reason);
-                attempts.exclude.push(replica.id);
-                attempts.last_error = Some(err);
-                fwd.metrics.disagg_plan("decode_fallback");
-                return Split::Whole(None);
-            }
+            let message = err.body.error.message.clone();
+            tracing::warn!(replica = %replica.name, error = %message, "decode hop failed; serving the request whole");
+            fwd.fleet.failed(replica.id, message, Failure::Error, clock::now());
+            fwd.metrics.count(err.reason);
+            attempts.exclude.push(replica.id);
+            attempts.last_error = Some(err);
+            fwd.metrics.disagg_plan("decode_fallback");
+            None
         }
     }
-    fwd.metrics.disagg_plan("prefill_fallback");
-    Split::Whole(None)
 }
 
 /// Why a prefill hop gave no parameters.

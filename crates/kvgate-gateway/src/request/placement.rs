@@ -1,17 +1,18 @@
-//! Where a prepared request goes: one routing decision through the fleet,
-//! waiting in the admission queue while every replica is busy, and a refusal
-//! turned into the request path's error. Both front doors place through
-//! here: the HTTP proxy (`forward.rs`, which then sends and retries) and the
-//! endpoint picker (`epp/`, which answers with the endpoint and lets the
-//! gateway carry the bytes), so both make the same decisions on the same
-//! ledger.
+//! Where a prepared request goes: one routing decision through the fleet
+//! (for a request of a disaggregated pool that may be split, the pool's
+//! P/D plan), waiting in the admission queue while every replica is busy,
+//! and a refusal turned into the request path's error. Both front doors
+//! place through here: the HTTP proxy (`forward.rs`, which then sends,
+//! runs a split's hops and retries, in one loop) and the endpoint picker
+//! (`epp/`, which answers with the endpoint and lets the gateway carry the
+//! bytes), so both make the same decisions on the same ledger.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use kvgate_index::ReplicaId;
 use kvgate_openai::ErrorResponse;
-use kvgate_router::{Decision, RejectReason, Routed};
+use kvgate_router::{Decision, PdPlan, PdRefusal, RejectReason, Routed};
 
 use crate::observe::metrics::Metrics;
 use crate::replicas::fleet_handle::FleetHandle;
@@ -35,9 +36,19 @@ pub(crate) struct Placer {
     pub(crate) loader: Arc<AdapterLoader>,
 }
 
+/// Where a request goes.
+#[derive(Debug)]
+pub(crate) enum Placed {
+    /// Whole, on one replica.
+    Whole(Routed),
+    /// Split: its prefill hop on a prefill replica, its decode hop on a
+    /// decode replica (`pd_forward.rs` runs them).
+    Split { prefill: Routed, decode: Routed },
+}
+
 /// One request's placement across its attempts: the replicas it must not
-/// go to, its place in the admission queue, and the last failure (reported
-/// if every replica fails it).
+/// go to, whether it may still be split, its place in the admission queue,
+/// and the last failure (reported if every replica fails it).
 #[derive(Debug)]
 pub(crate) struct Attempts {
     /// Replicas excluded: those that do not serve the request's adapter
@@ -45,6 +56,10 @@ pub(crate) struct Attempts {
     pub(crate) exclude: Vec<ReplicaId>,
     /// How many of `exclude` were excluded before any attempt.
     pub(crate) not_serving: usize,
+    /// Its disaggregated pool may split it (off for other pools, for
+    /// requests vLLM cannot split, and once a split has failed in a way
+    /// that another split would not mend).
+    pub(crate) split: bool,
     /// The request's pool and its admission queue.
     pool: PoolId,
     admission: Arc<Admission>,
@@ -69,7 +84,16 @@ impl Attempts {
             admission.join()
         });
         let not_serving = exclude.len();
-        Attempts { exclude, not_serving, pool, admission, queued_since, ticket, last_error: None }
+        Attempts {
+            exclude,
+            not_serving,
+            split: false,
+            pool,
+            admission,
+            queued_since,
+            ticket,
+            last_error: None,
+        }
     }
 
     /// Replicas tried and failed so far.
@@ -128,29 +152,70 @@ impl Placer {
         self.pools.get(pool).map_or_else(Arc::default, |p| Arc::clone(&p.admission))
     }
 
-    /// Decides where `p` goes, waiting while every replica is busy (only the
-    /// head of the admission queue asks the router). `Err` is the refusal
-    /// to answer with: no replica (503, with the last replica's failure when
-    /// every one tried failed) or every replica busy (429).
+    /// [`Placer::place_or_split`] for a request sent whole (the endpoint
+    /// picker names one endpoint).
     pub(crate) async fn place(
         &self,
         p: &Prepared,
         a: &mut Attempts,
     ) -> Result<Routed, RequestError> {
+        a.split = false;
+        match self.place_or_split(p, a).await? {
+            Placed::Whole(r) => Ok(r),
+            // Never planned with `split` off; released if it were.
+            Placed::Split { prefill, decode } => {
+                self.fleet.abandon(prefill.booking);
+                self.fleet.abandon(decode.booking);
+                Err(RequestError::new(
+                    Reason::NoReplica,
+                    ErrorResponse::unavailable("a split request needs the proxy's two hops"),
+                ))
+            }
+        }
+    }
+
+    /// Decides where `p` goes (a disaggregated pool's plan while
+    /// [`Attempts::split`] allows one), waiting while every replica is busy
+    /// (only the head of the admission queue asks the router). `Err` is the
+    /// refusal to answer with: no replica (503, with the last replica's
+    /// failure when every one tried failed) or every replica busy (429).
+    pub(crate) async fn place_or_split(
+        &self,
+        p: &Prepared,
+        a: &mut Attempts,
+    ) -> Result<Placed, RequestError> {
         loop {
             if let Some(t) = &a.ticket {
                 a.admission.turn(t).await;
             }
             let (now, t0) = (clock::now(), Instant::now());
             let req = p.route_request(a.queued_since, &a.exclude);
-            let decision = self.fleet.route(a.pool, &req, now);
+            let plan = if a.split { self.fleet.plan(a.pool, &req, now) } else { None };
+            let decision = match plan {
+                Some(Ok(PdPlan::Split { prefill, decode })) => {
+                    self.metrics.decide_time(t0.elapsed().as_secs_f64());
+                    drop(a.ticket.take());
+                    return Ok(Placed::Split { prefill, decode });
+                }
+                Some(Ok(PdPlan::Aggregated(whole))) => {
+                    self.metrics.disagg_plan("bypass");
+                    Decision::Routed(whole)
+                }
+                Some(Ok(PdPlan::OnPrefill(whole))) => {
+                    self.metrics.disagg_plan("on_prefill");
+                    Decision::Routed(whole)
+                }
+                // No decode replica now: waits or is refused as any request.
+                Some(Err(PdRefusal::Decode(d))) => d,
+                None => self.fleet.route(a.pool, &req, now),
+            };
             self.metrics.decide_time(t0.elapsed().as_secs_f64());
             if !matches!(decision, Decision::Wait { .. }) {
                 // Routed or refused: the next in line goes now.
                 drop(a.ticket.take());
             }
             match decision {
-                Decision::Routed(r) => return Ok(r),
+                Decision::Routed(r) => return Ok(Placed::Whole(r)),
                 Decision::Wait { retry_after } => {
                     a.queued_since.get_or_insert(now);
                     if a.ticket.is_none() {
