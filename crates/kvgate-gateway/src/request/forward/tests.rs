@@ -741,3 +741,47 @@ async fn a_continued_turn_whose_owner_is_out_of_rotation_is_told_to_come_back() 
     assert!(fake.seen().iter().all(|s| s.engine == "b:2"), "{:?}", fake.seen());
     assert_eq!(fake.seen().len(), 1);
 }
+
+/// A split request places through the admission queue like any other:
+/// while its pool's only decode replica is busy it waits, sending nothing,
+/// and once the replica has room it is split (prefill hop, then decode
+/// hop), not sent whole.
+#[tokio::test]
+async fn a_split_request_waits_in_admission_and_is_split_once_decode_has_room() {
+    let (api, fake) = gateway(&["p:1", "d:2"], |c| {
+        c.monitor.health_interval_ms = 86_400_000;
+        c.monitor.metrics_interval_ms = 86_400_000;
+        c.replicas[0].role = crate::config::Role::Prefill;
+        c.replicas[1].role = crate::config::Role::Decode;
+        c.disagg.mode = crate::config::SplitMode::Always;
+        c.router.busy_kv_usage = 0.9;
+    })
+    .await;
+    let scrape = |kv_usage: f64| kvgate_fleet::EngineScrape {
+        kv_usage,
+        block_size: Some(16),
+        num_gpu_blocks: Some(1_000),
+        ..kvgate_fleet::EngineScrape::default()
+    };
+    let decode = replica(&api, "d:2").id;
+    api.fleet.with(|f| f.probe_succeeded(decode, Ok(scrape(0.95)), Instant::now()));
+    fake.next([Answer::Status(
+        200,
+        r#"{"choices":[],"kv_transfer_params":{"remote_block_ids":[1]}}"#,
+    )]);
+    let client = Arc::clone(&api);
+    let request = tokio::spawn(async move { complete(&client, true).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(fake.seen().is_empty(), "nothing is sent while the decode replica is busy");
+    assert!(!request.is_finished());
+    api.fleet.with(|f| f.probe_succeeded(decode, Ok(scrape(0.1)), Instant::now()));
+    let (status, _, body) = request.await.expect("the request");
+    assert_eq!(status, 200, "{body}");
+    let seen = fake.seen();
+    let hops: Vec<&str> = seen.iter().map(|s| s.engine.as_str()).collect();
+    assert_eq!(hops, ["p:1", "d:2"], "split: the prefill hop, then the decode hop");
+    let prefill: serde_json::Value = serde_json::from_slice(&seen[0].body).expect("json");
+    assert_eq!(prefill["kv_transfer_params"]["do_remote_decode"], true);
+    let decoded: serde_json::Value = serde_json::from_slice(&seen[1].body).expect("json");
+    assert_eq!(decoded["kv_transfer_params"]["remote_block_ids"], serde_json::json!([1]));
+}
