@@ -3,10 +3,11 @@
 //! physical bounds. This crate is the library behind `kvgate replay`.
 //!
 //! Fast mode is sans-IO and single-threaded per run: virtual time,
-//! `kvgate-sim`'s engine model per replica, one `kvgate-index` fed by the
-//! engines' own KV events, and `kvgate-router`'s `Router::decide` for every
-//! request. No HTTP, no tokio, no clock reads except the measured wall time of
-//! each decision.
+//! `kvgate-sim`'s engine model per replica, in front of the fleet core
+//! `kvgate serve` drives (`kvgate-fleet`: the index fed by the engines' own
+//! KV events, one router per pool, the health rules, a P/D pool's planner),
+//! which routes every request. No HTTP, no tokio, no clock reads except the
+//! measured wall time of each decision.
 //!
 //! Code map:
 //! - `workload.rs`: a workload's requests; Mooncake JSONL and OpenAI
@@ -18,8 +19,10 @@
 //!   the TTFT floor.
 //! - `pools.rs`: model pools: each pool's own oracle, and per run the
 //!   adapter loads, model violations and hit rate ÷ pool oracle.
-//! - `fleet.rs`: the virtual-time discrete-event fleet (engines, index,
-//!   router, deliveries).
+//! - `fleet.rs`: the virtual-time discrete-event fleet (engines, the fleet
+//!   core, deliveries, scrapes); `fleet/disagg.rs` its P/D part;
+//!   `fleet/journal.rs` what it hands the core, kept for the gateway's test
+//!   of the same decisions.
 //! - `metrics.rs`: per-run summaries (TTFT, ITL, E2E, hit rate, imbalance),
 //!   added up by one `Tally` for fast mode and for `kvgate-live`.
 //! - `run.rs`: comparisons, rate sweeps and the automatic load levels.
