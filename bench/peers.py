@@ -1018,6 +1018,22 @@ def measure_dynamo(args, wname: str, rate: float, n: int, seed: int, workdir: Pa
         return rec
 
 
+def prom_mean_ms(text: str, histogram: str) -> float | None:
+    """The mean of a Prometheus histogram over all its label sets, in ms."""
+    total = count = 0.0
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        base = name.split("{", 1)[0]
+        try:
+            if base == histogram + "_sum":
+                total += float(value)
+            elif base == histogram + "_count":
+                count += float(value)
+        except ValueError:
+            return None
+    return total / count * 1000.0 if count else None
+
+
 def kvgate_admin_summary(admin: str) -> list[dict] | None:
     st, body = http("GET", admin + "/admin/replicas", timeout=5.0)
     if st != 200:
@@ -1212,6 +1228,14 @@ def measure_repeat(args, rid: str, wname: str, level: str, rate: float, n: int, 
             st, body = http("GET", router.admin + "/admin/replicas", timeout=5.0)
             if st == 200:
                 (workdir / "admin_replicas.json").write_bytes(body)
+            # kvgate's own TTFT (arrival to first token relayed): with the
+            # client's and the engines', it splits the time a request spends
+            # outside the engine into the client's side and kvgate's.
+            st, body = http("GET", router.url + "/metrics", timeout=5.0)
+            if st == 200:
+                (workdir / "kvgate_metrics.txt").write_bytes(body)
+                rec["kvgate_ttft_mean_ms"] = prom_mean_ms(body.decode(errors="replace"),
+                                                          "kvgate_time_to_first_token_seconds")
             if DIAGNOSE:
                 st, body = http("GET", router.admin + "/admin/decisions?limit=10000", timeout=30.0)
                 if st == 200:
