@@ -414,20 +414,22 @@ impl Fleet {
         let mut resized = None;
         let Some(router) = self.router_of_mut(id) else { return 0 };
         if let Some((info, _)) = router.replica(id) {
-            let mut info = info.clone();
-            if let Some(cap) = e.num_gpu_blocks {
-                let cpu = e.num_cpu_blocks.unwrap_or(0);
-                if info.capacity_blocks[0] != cap || info.capacity_blocks[1] != cpu {
+            let cpu = e.num_cpu_blocks.unwrap_or(0);
+            resized = e
+                .num_gpu_blocks
+                .filter(|&cap| info.capacity_blocks[0] != cap || info.capacity_blocks[1] != cpu)
+                .map(|cap| (cap, cpu));
+            let budget = e.step_budget.filter(|&b| b != info.max_num_batched_tokens);
+            // Cloned only when something changed (a scrape a second per replica).
+            if resized.is_some() || budget.is_some() {
+                let mut info = info.clone();
+                if let Some((cap, cpu)) = resized {
                     info.capacity_blocks[0] = cap;
                     info.capacity_blocks[1] = cpu;
-                    resized = Some((cap, cpu));
                 }
-            }
-            let budget = e.step_budget.filter(|&b| b != info.max_num_batched_tokens);
-            if let Some(b) = budget {
-                info.max_num_batched_tokens = b;
-            }
-            if resized.is_some() || budget.is_some() {
+                if let Some(b) = budget {
+                    info.max_num_batched_tokens = b;
+                }
                 let _ = router.update_info(id, info);
             }
         }

@@ -135,8 +135,6 @@ pub struct Fleet {
     /// a model pool's own; a P/D fleet is one core pool whose prefill side
     /// routes replay's pool 0.
     router_slot: Vec<usize>,
-    /// Each replica's position by its id in the core.
-    by_id: FxHashMap<ReplicaId, usize>,
     /// The model each pool serves (`None`: any, a one-pool fleet).
     pool_models: Vec<Option<String>>,
     /// Whether routers hear of adapters (the workload names some).
@@ -252,7 +250,6 @@ impl Fleet {
         let mut ids = Vec::new();
         let mut pool_of = Vec::new();
         let mut engines = Vec::new();
-        let mut by_id = FxHashMap::default();
         for i in 0..spec.replicas {
             let c = EngineConfig {
                 hash_seed: spec.engine.hash_seed.map(|s| s.wrapping_add(i as u64)),
@@ -267,7 +264,6 @@ impl Fleet {
             let name = format!("replica-{i}");
             let id =
                 core.add_with_role(&name, 0, c.block_size, true, model_pool, role).map_err(bad)?;
-            by_id.insert(id, i);
             ids.push(id);
             pool_of.push(p);
             engines.push(Engine::new(c).map_err(|e| bad(e.to_string()))?);
@@ -282,7 +278,6 @@ impl Fleet {
             pool_of,
             core,
             router_slot,
-            by_id,
             pool_models,
             adapters: false,
             clocks: vec![Duration::ZERO; n],
@@ -340,14 +335,9 @@ impl Fleet {
         &self.core.routers()[self.router_slot[p]]
     }
 
-    /// The fleet core the run drove.
-    pub fn core(&self) -> &kvgate_fleet::Fleet {
-        &self.core
-    }
-
     /// The replica (position in the fleet) the core calls `id`.
     fn position(&self, id: ReplicaId) -> Option<usize> {
-        self.by_id.get(&id).copied()
+        self.ids.iter().position(|&x| x == id)
     }
 
     /// The longest prefix (blocks, any tier) the index shows on a replica
