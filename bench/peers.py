@@ -796,11 +796,12 @@ class RealFleet:
         self.router_ports = [self.base + 3 * n + i for i in range(8)]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.http]
         cores = os.cpu_count() or 1
+        pins = spec.get("engine_cores") or [i % cores for i in range(n)]
         self.procs = [
             Proc(f"vllm engine {i}", ["bash", str(REAL_VLLM), "serve", "--port", str(p)], workdir / f"engine-{i}.log",
                  # --enable-scale-out: vllm-router renders chat prompts with the
                  # engine's /v1/chat/completions/render, refused (403) without it.
-                 env={"REAL_VLLM_EXTRA_ARGS": "--enable-scale-out", **ENGINE_ENV, "REAL_VLLM_CPU": str(i % cores),
+                 env={"REAL_VLLM_EXTRA_ARGS": "--enable-scale-out", **ENGINE_ENV, "REAL_VLLM_CPU": str(pins[i % len(pins)]),
                       "REAL_VLLM_KV_BYTES": str(spec["kv_cache_bytes"]),
                       "REAL_VLLM_BLOCK_SIZE": str(spec["block_size"])},
                  grace=15.0)
@@ -1475,6 +1476,10 @@ def main() -> int:
     ap.add_argument("--real-replicas", type=int, default=None, metavar="N",
                     help="with --engines real: this many engines instead of 2 (a control: 1 engine shows what one "
                          "busy engine does on this host; engine i is pinned to core i modulo the cores; recorded)")
+    ap.add_argument("--engine-cores", default=None, metavar="LIST",
+                    help="with --engines real: pin engine i to the i-th core of this comma list (default: core i "
+                         "modulo the cores). `1,1` puts both engines on core 1, so a second engine adds cache but no "
+                         "compute and the other core is left to the client and router (a control; recorded)")
     ap.add_argument("--workloads", default=None,
                     help=f"comma list of {list(WORKLOADS)} (sim) or {list(REAL_WORKLOADS)} (real); default all")
     ap.add_argument("--levels", default=None, help="comma list of moderate,knee (default both; knee with --quick)")
@@ -1519,6 +1524,15 @@ def main() -> int:
         if args.engines != "real" or not 1 <= args.real_replicas <= 8:
             ap.error(f"--real-replicas {args.real_replicas}: give 1 to 8, with --engines real")
         FLEET["replicas"] = args.real_replicas
+    if args.engine_cores is not None:
+        try:
+            pins = [int(c) for c in args.engine_cores.split(",")]
+        except ValueError:
+            pins = []
+        ncpu = os.cpu_count() or 1
+        if args.engines != "real" or not pins or any(not 0 <= c < ncpu for c in pins):
+            ap.error(f"--engine-cores {args.engine_cores}: give core numbers 0..{ncpu - 1}, with --engines real")
+        FLEET["engine_cores"] = pins
     workloads = [w for w in (args.workloads or ",".join(WORKLOADS)).split(",") if w]
     routers = [r for r in (args.routers or ",".join(DEFAULT_ROUTERS)).split(",") if r]
     for w in workloads:

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -596,7 +597,11 @@ class Suite:
         out["views"] = self.views_equal(self.kv, [victim.name, other.name])
         out["health"] = reps[victim.name]["health"]
         if out["resets"] < 1 or not all(v["equal"] for v in out["views"].values()):
-            raise Fail(json.dumps(out))
+            # What kvgate's event feed said about the victim, for the cause.
+            raw = self.procs.log_tail(self.kv.name, 100_000)
+            feed = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", raw).splitlines()
+                    if victim.pub in ln or (victim.name in ln and ("events" in ln or "view" in ln))]
+            raise Fail(json.dumps(out) + "\nkvgate's feed log for " + victim.name + ":\n" + "\n".join(feed[-20:]))
         return out
 
     # ---- the simulator against the engine ------------------------------

@@ -8,6 +8,12 @@
 //!   router started next to a running engine learns what it already holds;
 //!   a buffer that already wrapped (first seq > 0) marks the view degraded;
 //! * a gap, or a reconnect: replay from the last seq + 1;
+//! * a quiet live stream: once it has been quiet for `tail_probe_after`, and
+//!   then every `quiet_check`, ask the replay endpoint for our last batch
+//!   (and anything after it: batches lost live). A missing or different batch
+//!   means the publisher restarted without the SUB socket seeing it go (the
+//!   socket is then replaced); an unreachable endpoint is asked again, with
+//!   backoff, until it answers;
 //! * no replay endpoint, a replay that cannot cover the gap, or a publisher
 //!   restart (seq went backwards): emit [`Update::Reset`] so that the caller
 //!   clears this replica's view and rebuilds it from new events, instead of
@@ -59,6 +65,11 @@ pub struct SubscriberConfig {
     /// burst would stay missing until the engine publishes again. `None`
     /// turns the probe off.
     pub tail_probe_after: Option<Duration>,
+    /// With a replay endpoint and the tail probe on: while the live stream
+    /// stays quiet, check this often that the publisher still holds our last
+    /// batch. An engine killed while idle, whose SUB connection did not
+    /// report the loss, is otherwise never noticed to have come back.
+    pub quiet_check: Duration,
     /// When a tail probe returns batches, how long the live stream may take
     /// to deliver them itself before they count as lost (see `tail_probe`).
     pub probe_grace: Duration,
@@ -76,6 +87,7 @@ impl SubscriberConfig {
             backoff_initial: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             tail_probe_after: Some(Duration::from_millis(250)),
+            quiet_check: Duration::from_secs(2),
             probe_grace: Duration::from_millis(100),
         }
     }
@@ -100,8 +112,9 @@ pub enum ResetReason {
     },
     /// The replay endpoint failed or timed out.
     ReplayFailed(String),
-    /// After a reconnect the publisher no longer had our last seq: it
-    /// restarted while we were away.
+    /// After a reconnect, or when a tail probe asked, the publisher no
+    /// longer had our last batch (or had another one under its seq): it
+    /// restarted while we were not receiving from it.
     RestartedWhileDisconnected {
         /// The last seq applied before the disconnect.
         last: u64,
@@ -126,7 +139,7 @@ impl std::fmt::Display for ResetReason {
             }
             ResetReason::ReplayFailed(e) => write!(f, "replay failed: {e}"),
             ResetReason::RestartedWhileDisconnected { last } => {
-                write!(f, "publisher restarted while disconnected: it no longer has seq {last}")
+                write!(f, "publisher restarted while we were not receiving: it no longer has our seq {last}")
             }
             ResetReason::PublisherRestarted { expected, got } => {
                 write!(f, "publisher restarted: expected seq {expected}, got {got}")
@@ -252,6 +265,33 @@ pub struct Subscriber {
     metrics: Arc<SubscriberMetrics>,
     tx: mpsc::Sender<Update>,
     tracker: SeqTracker,
+    /// The last batch applied: its seq and a hash of its payload. The
+    /// replay endpoint's copy of that seq tells whether the publisher is
+    /// still the process that sent it (a restarted one numbers from 0 again,
+    /// so the seq alone can match).
+    last_applied: Option<(u64, u64)>,
+}
+
+/// What a tail probe found.
+#[derive(Debug, PartialEq, Eq)]
+enum Probe {
+    /// Nothing after our last batch.
+    Quiet,
+    /// Live batches arrived while it waited: probe again later.
+    Live,
+    /// The replay endpoint did not answer: ask again, with backoff.
+    Unreachable,
+    /// The publisher no longer has our last batch: it restarted, and the
+    /// SUB socket did not notice.
+    Restarted,
+}
+
+/// A hash of a batch's payload, to recognise it in a replay.
+fn fingerprint(payload: &[u8]) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::hash::DefaultHasher::new();
+    h.write(payload);
+    h.finish()
 }
 
 type Replayed = Vec<(u64, Bytes)>;
@@ -264,7 +304,7 @@ impl Subscriber {
         metrics: Arc<SubscriberMetrics>,
         tx: mpsc::Sender<Update>,
     ) -> Self {
-        Self { config, metrics, tx, tracker: SeqTracker::new() }
+        Self { config, metrics, tx, tracker: SeqTracker::new(), last_applied: None }
     }
 
     /// Runs until `shutdown` completes or the update receiver is dropped.
@@ -289,6 +329,8 @@ impl Subscriber {
         let probe_after =
             self.config.tail_probe_after.filter(|_| self.config.replay_endpoint.is_some());
         let mut probe_at: Option<tokio::time::Instant> = None;
+        // The wait before asking an unreachable replay endpoint again.
+        let mut probe_retry = probe_after.unwrap_or(self.config.backoff_initial);
         loop {
             let probe = async {
                 match probe_at {
@@ -301,10 +343,27 @@ impl Subscriber {
                 () = &mut shutdown => return Ok(()),
                 () = probe => {
                     probe_at = None;
-                    if self.tail_probe(&mut sub).await? {
-                        probe_at = probe_after.map(|d| tokio::time::Instant::now() + d);
+                    match self.tail_probe(&mut sub).await? {
+                        Probe::Quiet => {
+                            probe_at = Some(tokio::time::Instant::now() + self.config.quiet_check);
+                            false
+                        }
+                        Probe::Live => {
+                            probe_at = probe_after.map(|d| tokio::time::Instant::now() + d);
+                            false
+                        }
+                        Probe::Unreachable => {
+                            // The engine may be down: its return is only
+                            // seen here if the SUB socket misses it.
+                            probe_at = Some(tokio::time::Instant::now() + probe_retry);
+                            probe_retry = (probe_retry * 2).min(self.config.backoff_max);
+                            false
+                        }
+                        Probe::Restarted => {
+                            tracing::warn!(endpoint = %self.config.endpoint, "kv events: the publisher restarted unseen by the SUB socket; reconnecting");
+                            true
+                        }
                     }
-                    false
                 }
                 ev = monitor.next(), if monitor_open => match ev {
                     Some(SocketEvent::Disconnected(_)) => {
@@ -322,6 +381,7 @@ impl Subscriber {
                     Ok(msg) => {
                         self.on_live(&msg.into_vec()).await?;
                         probe_at = probe_after.map(|d| tokio::time::Instant::now() + d);
+                        probe_retry = probe_after.unwrap_or(self.config.backoff_initial);
                         false
                     }
                     Err(e) => {
@@ -421,10 +481,11 @@ impl Subscriber {
 
     /// After a reconnect, fetch whatever was published while we were away.
     ///
-    /// The replay starts one batch early, at the last seq we applied: the
-    /// same publisher still has it, so an empty answer means the process
-    /// restarted while we were disconnected (its buffer starts again at 0),
-    /// even if it has published nothing since.
+    /// The replay starts one batch early, at the last batch we applied: the
+    /// same publisher still has it, so an answer without it (or with another
+    /// batch under its seq) means the process restarted while we were
+    /// disconnected (its buffer starts again at 0), even if it has published
+    /// nothing since.
     async fn resync_after_reconnect(&mut self) -> Result<(), SubscriberError> {
         let Some(next) = self.tracker.next_expected() else { return Ok(()) };
         if self.config.replay_endpoint.is_none() {
@@ -432,10 +493,10 @@ impl Subscriber {
             // whether anything was missed (gap → reset) or restarted.
             return Ok(());
         }
-        let last = next.saturating_sub(1);
-        match self.replay(last).await {
-            Ok(items) if items.is_empty() => {
-                self.reset(ResetReason::RestartedWhileDisconnected { last }).await?;
+        let from = self.check_from(next);
+        match self.replay(from).await {
+            Ok(items) if !self.still_has_last(&items) => {
+                self.reset(ResetReason::RestartedWhileDisconnected { last: from }).await?;
                 match self.replay(0).await {
                     Ok(items) => self.apply_replayed_from_start(items).await,
                     Err(e) => {
@@ -446,36 +507,58 @@ impl Subscriber {
                     }
                 }
             }
-            Ok(items) => self.cover_or_reset(last, items).await,
+            // Nothing applied and nothing published yet.
+            Ok(items) if items.is_empty() && self.last_applied.is_none() => Ok(()),
+            Ok(items) => self.cover_or_reset(from, items).await,
             Err(e) => self.reset(ResetReason::ReplayFailed(e)).await,
         }
     }
 
-    /// Asks the replay endpoint for anything after the last applied batch.
-    /// Nothing is the usual answer; batches mean some were lost on the way
-    /// (counted as a gap and applied, or a reset if the buffer no longer
-    /// reaches back). A failed probe is only logged: the next live batch
-    /// still reveals any gap.
+    /// Where a replay that checks the publisher starts: at our last applied
+    /// batch, or at `next` when none was applied yet.
+    fn check_from(&self, next: u64) -> u64 {
+        match self.last_applied {
+            Some((seq, _)) => seq,
+            None => next,
+        }
+    }
+
+    /// Asks the replay endpoint for our last applied batch and anything
+    /// after it. The last batch alone is the usual answer; batches after it
+    /// mean some were lost on the way (counted as a gap and applied, or a
+    /// reset if the buffer no longer reaches back). An answer without our
+    /// last batch, or with another batch under its seq, means the publisher
+    /// restarted and the SUB socket did not see it go (seen once in front
+    /// of a real engine killed mid-stream). A failed probe is only logged
+    /// and asked again: the engine may be down.
     ///
     /// vLLM's publisher sends a batch live before it buffers it for replay,
-    /// and serves replay requests from the same thread between batches, so a
-    /// probe that waited there can come back with a batch whose live copy is
-    /// already on its way to our SUB socket, unread only because this task
-    /// was waiting for the probe. Counting that as a gap was wrong (it was
-    /// most of the "gaps" seen in front of real engines). So the live stream
-    /// is read first, for up to `probe_grace`, until it has caught up with
-    /// the probe; only what it still lacks after that was lost. Returns
-    /// whether live batches arrived meanwhile (the probe is then re-armed).
-    async fn tail_probe(&mut self, sub: &mut SubSocket) -> Result<bool, SubscriberError> {
-        let Some(next) = self.tracker.next_expected() else { return Ok(false) };
-        let items = match self.replay(next).await {
-            Ok(items) if items.is_empty() => return Ok(false),
+    /// and serves replay requests from the same thread between batches, so
+    /// our last live batch is always in its buffer by the time it answers;
+    /// but a probe that waited there can come back with a newer batch whose
+    /// live copy is already on its way to our SUB socket, unread only
+    /// because this task was waiting for the probe. Counting that as a gap
+    /// was wrong (it was most of the "gaps" seen in front of real engines).
+    /// So the live stream is read first, for up to `probe_grace`, until it
+    /// has caught up with the probe; only what it still lacks after that was
+    /// lost.
+    async fn tail_probe(&mut self, sub: &mut SubSocket) -> Result<Probe, SubscriberError> {
+        let Some(next) = self.tracker.next_expected() else { return Ok(Probe::Quiet) };
+        let from = self.check_from(next);
+        let items = match self.replay(from).await {
             Ok(items) => items,
             Err(e) => {
                 tracing::debug!(endpoint = %self.config.endpoint, error = %e, "kv events: tail probe failed");
-                return Ok(false);
+                return Ok(Probe::Unreachable);
             }
         };
+        if !self.still_has_last(&items) {
+            return Ok(Probe::Restarted);
+        }
+        let items: Replayed = items.into_iter().filter(|(s, _)| *s >= next).collect();
+        if items.is_empty() {
+            return Ok(Probe::Quiet);
+        }
         let last = items.last().map_or(next, |(s, _)| *s);
         let gaps_before = self.metrics.gaps.load(Ordering::Relaxed);
         let deadline = tokio::time::Instant::now() + self.config.probe_grace;
@@ -493,20 +576,34 @@ impl Subscriber {
                 Err(_) => break,
             }
         }
+        let verdict = if live { Probe::Live } else { Probe::Quiet };
         // What the live stream (or a replay it triggered) has not delivered.
-        let Some(from) = self.tracker.next_expected() else { return Ok(live) };
+        let Some(from) = self.tracker.next_expected() else { return Ok(verdict) };
         let missing: Replayed = items.into_iter().filter(|(s, _)| *s >= from).collect();
         if missing.is_empty() {
             if self.metrics.gaps.load(Ordering::Relaxed) == gaps_before {
                 SubscriberMetrics::inc(&self.metrics.probe_overtaken, 1);
             }
-            return Ok(live);
+            return Ok(verdict);
         }
         let to = missing.last().map_or(from, |(s, _)| s + 1);
         SubscriberMetrics::inc(&self.metrics.gaps, 1);
         self.send(Update::Gap { from, to }).await?;
         self.cover_or_reset(from, missing).await?;
-        Ok(live)
+        Ok(verdict)
+    }
+
+    /// Whether a replay asked to start at our last applied batch still holds
+    /// that batch, byte for byte. True when nothing was applied yet, or when
+    /// the buffer has moved past it (batches lost, not a restart: the gap
+    /// logic deals with that).
+    fn still_has_last(&self, items: &Replayed) -> bool {
+        let Some((seq, hash)) = self.last_applied else { return true };
+        match items.first() {
+            None => false,
+            Some((first, payload)) if *first == seq => fingerprint(payload) == hash,
+            Some((first, _)) => *first > seq,
+        }
     }
 
     async fn on_live(&mut self, frames: &[Bytes]) -> Result<(), SubscriberError> {
@@ -613,6 +710,9 @@ impl Subscriber {
         replayed: bool,
     ) -> Result<(), SubscriberError> {
         self.tracker.applied(seq, !replayed);
+        if self.config.replay_endpoint.is_some() {
+            self.last_applied = Some((seq, fingerprint(payload)));
+        }
         match decode_batch(payload) {
             Ok(batch) => {
                 SubscriberMetrics::inc(&self.metrics.batches, 1);
@@ -631,6 +731,7 @@ impl Subscriber {
         SubscriberMetrics::inc(&self.metrics.resets, 1);
         tracing::warn!(endpoint = %self.config.endpoint, %reason, "kv events: resetting view");
         self.tracker.reset();
+        self.last_applied = None;
         self.send(Update::Reset { reason }).await
     }
 
