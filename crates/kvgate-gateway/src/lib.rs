@@ -32,6 +32,7 @@
 //!   part gets from it; `error.rs`: `ConfigError`, `StartError`; `locks.rs`:
 //!   poison-tolerant lock helpers.
 
+mod clock;
 pub mod config;
 mod doors;
 mod error;

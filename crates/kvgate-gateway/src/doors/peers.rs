@@ -142,7 +142,7 @@ pub(crate) async fn receive(
     if batch.instance == peers.instance {
         return reply.into_response();
     }
-    let now = Instant::now();
+    let now = crate::clock::now();
     let lag_s = unix_ms().saturating_sub(batch.sent_unix_ms) as f64 / 1e3;
     let peer = {
         let mut known = lock(&peers.known);
@@ -234,7 +234,7 @@ pub(crate) async fn run(ctx: Arc<PeerContext>, mut stop: watch::Receiver<bool>) 
     let PeerTiming { flush, heartbeat, resolve_every, .. } = ctx.timing;
     let mut tick = tokio::time::interval(flush);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let (mut last_sent, mut last_resolved) = (Instant::now() - heartbeat, None::<Instant>);
+    let (mut last_sent, mut last_resolved) = (crate::clock::now() - heartbeat, None::<Instant>);
     let mut changes = Vec::new();
     let mut tentative = Vec::new();
     loop {
@@ -242,7 +242,7 @@ pub(crate) async fn run(ctx: Arc<PeerContext>, mut stop: watch::Receiver<bool>) 
             _ = stop.changed() => break,
             _ = tick.tick() => {}
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         if let Some(dns) = &cfg.dns {
             if last_resolved.is_none_or(|t| now.duration_since(t) >= resolve_every) {
                 last_resolved = Some(now);

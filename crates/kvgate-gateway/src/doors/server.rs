@@ -452,7 +452,7 @@ impl Gateway {
     /// A snapshot of the fleet, for in-crate tests.
     #[cfg(test)]
     pub(crate) fn snapshot(&self) -> crate::FleetSnapshot {
-        self.shared.view.snapshot(std::time::Instant::now())
+        self.shared.view.snapshot(crate::clock::now())
     }
 
     /// The registry, for in-crate tests.

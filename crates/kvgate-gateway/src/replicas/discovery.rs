@@ -105,7 +105,7 @@ pub(crate) async fn run(
             })
             .collect();
         let p = plan(&resolved, &discovered, &draining);
-        let now = Instant::now();
+        let now = crate::clock::now();
         for name in &p.add {
             let Some(&ip) = ips.get(name) else { continue };
             match registry.add(replica_config(&d, &pool, ip)) {

@@ -3,7 +3,7 @@
 //! overlap ignored) until events have flowed for `monitor.rebuild_ms`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tracing::Instrument;
 
 use kvgate_events::subscriber::{Subscriber, SubscriberConfig, Update};
@@ -89,7 +89,7 @@ pub(crate) async fn finish_clear(fleet: &FleetHandle, id: ReplicaId) {
 }
 
 fn apply(fleet: &FleetHandle, replica: &Replica, update: Update) {
-    let now = Instant::now();
+    let now = crate::clock::now();
     let id = replica.id;
     match update {
         Update::Batch { batch, .. } => fleet.with(|f| f.apply_events(id, &batch, now)),

@@ -41,7 +41,7 @@ pub(crate) async fn run(prober: Prober, replica: Arc<Replica>) {
         let up = prober.fleet.with(|f| f.status(replica.id).is_some_and(|s| s.probe_ok));
         if up && adapters_at.is_none_or(|at| at.elapsed() >= ADAPTER_REFRESH) {
             refresh_adapters(&prober, &replica).await;
-            adapters_at = Some(Instant::now());
+            adapters_at = Some(crate::clock::now());
         }
     }
 }
@@ -86,7 +86,7 @@ async fn probe_once(prober: &Prober, replica: &Replica) {
         // (refused: out of rotation at once) from a failing one.
         health = get(prober, replica, "/health", timeout).await;
     }
-    let now = Instant::now();
+    let now = crate::clock::now();
     match health {
         Ok(_) => {
             let metrics = get(prober, replica, "/metrics", timeout).await;

@@ -128,7 +128,7 @@ impl Registry {
 
     /// Stops new requests to a replica; in-flight ones finish.
     pub(crate) fn drain(&self, replica: &Replica) {
-        let now = std::time::Instant::now();
+        let now = crate::clock::now();
         self.fleet.with(|f| f.set_draining(replica.id, true, now));
         tracing::info!(replica = %replica.name, "replica draining");
     }

@@ -13,7 +13,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -67,7 +67,7 @@ where
     tokio::spawn(async move {
         let mut failures = 0u32;
         loop {
-            let started = Instant::now();
+            let started = crate::clock::now();
             let outcome = tokio::spawn(make()).await;
             if *stop.borrow() {
                 return;
@@ -124,7 +124,7 @@ fn safe_without(fleet: &FleetHandle, replica: &Replica, task: Task, why: &str) {
             // Events were lost between the end and the restart; a lost
             // removal would leave ghost blocks. Clear, and ignore the view
             // until the new subscriber has rebuilt it.
-            let now = Instant::now();
+            let now = crate::clock::now();
             // Stepwise: upkeep finishes it.
             let why = format!("event feed restarted ({why})");
             let cleared = fleet.with(|f| f.view_lost(replica.id, why, now));

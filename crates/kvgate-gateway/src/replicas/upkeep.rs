@@ -9,7 +9,7 @@
 //! [`Fleet::tick`]: kvgate_fleet::Fleet::tick
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -24,14 +24,14 @@ pub(crate) const PERIOD: Duration = Duration::from_millis(250);
 /// Runs until `stop` turns true.
 pub(crate) async fn run(fleet: Arc<FleetHandle>, mut stop: watch::Receiver<bool>) {
     loop {
-        let now = Instant::now();
+        let now = crate::clock::now();
         let wake = fleet.with(|f| f.next_deadline()).map_or(now + PERIOD, |d| d.min(now + PERIOD));
         tokio::select! {
             _ = tokio::time::sleep_until(wake.max(now).into()) => {}
             _ = stop.wait_for(|v| *v) => return,
         }
         let clearing = fleet.with(|f| {
-            f.tick(Instant::now());
+            f.tick(crate::clock::now());
             f.clearing()
         });
         // Clears begun outside a feed task are finished here, in steps. A

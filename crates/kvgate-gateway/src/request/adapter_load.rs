@@ -78,7 +78,7 @@ impl AdapterLoader {
     }
 
     async fn load_once(&self, pool: PoolId, name: &str, path: &str) -> Result<String, String> {
-        let now = std::time::Instant::now();
+        let now = crate::clock::now();
         let Some(id) = self.fleet.with(|f| f.load_target(pool, now)) else {
             return Err("no healthy replica in the pool to load it on".into());
         };

@@ -14,10 +14,10 @@ use axum::response::Response;
 use kvgate_openai::ErrorResponse;
 use kvgate_router::{Outcome, Routed};
 
+use crate::clock;
 use crate::doors::shed::InflightPermit;
 use crate::replicas::replica::Replica;
 use crate::request::booking::HeldBooking;
-use crate::request::clock;
 use crate::request::conversation;
 use crate::request::engine_client::EngineResponse;
 pub(crate) use crate::request::forwarder::Forwarder;

@@ -11,12 +11,12 @@ use axum::http::{header, HeaderValue};
 use futures_util::StreamExt;
 use kvgate_openai::ErrorResponse;
 
+use crate::clock;
 use crate::config::settings::RequestLimits;
 use crate::observe::metrics::Metrics;
 use crate::replicas::directory::Directory;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
-use crate::request::clock;
 use crate::request::engine_client::{
     BodyStream, EngineClient, EngineRequest, EngineResponse, SendError,
 };

@@ -6,7 +6,6 @@ pub(crate) mod adapter_load;
 pub(crate) mod admission;
 pub(crate) mod affinity;
 pub(crate) mod booking;
-pub(crate) mod clock;
 pub(crate) mod conversation;
 pub(crate) mod engine_client;
 #[cfg(test)]

@@ -33,9 +33,9 @@ use bytes::Bytes;
 use kvgate_router::{Outcome, Routed};
 use serde_json::{json, Map, Value};
 
+use crate::clock;
 use crate::replicas::replica::Replica;
 use crate::request::booking::HeldBooking;
-use crate::request::clock;
 use crate::request::engine_client::EngineResponse;
 use crate::request::forwarder::{read_capped, send_body, Forwarder};
 use crate::request::placement::Attempts;

@@ -14,12 +14,12 @@ use kvgate_index::ReplicaId;
 use kvgate_openai::ErrorResponse;
 use kvgate_router::{Decision, PdPlan, PdRefusal, RejectReason, Routed};
 
+use crate::clock;
 use crate::observe::metrics::Metrics;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::pool::Pools;
 use crate::request::adapter_load::AdapterLoader;
 use crate::request::admission::{Admission, Ticket};
-use crate::request::clock;
 use crate::request::prepare::Prepared;
 use crate::request::request_error::{Reason, RequestError};
 use kvgate_fleet::PoolId;

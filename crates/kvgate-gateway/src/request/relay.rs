@@ -41,13 +41,13 @@ use kvgate_openai::{
 use kvgate_router::Outcome;
 use tokio::time::Sleep;
 
+use crate::clock::now;
 use crate::doors::shed::InflightPermit;
 use crate::observe::metrics::Metrics;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
 use crate::request::affinity::Rewriter;
 use crate::request::booking::HeldBooking;
-use crate::request::clock::now;
 use crate::request::engine_client::BodyStream;
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::Api;

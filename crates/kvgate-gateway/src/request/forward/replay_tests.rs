@@ -21,8 +21,8 @@ use kvgate_router::{Explanation, Router, RouterConfig};
 
 use super::forward;
 use super::tests::{gateway, DONE, TOKEN};
+use crate::clock;
 use crate::doors::api::ApiContext;
-use crate::request::clock;
 use crate::request::engine_fake::fed;
 
 /// Long enough that the monitor probes once, at the start, and never
