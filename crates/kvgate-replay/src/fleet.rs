@@ -37,8 +37,6 @@
 //! Everything is deterministic for a given workload, rate and seed, except
 //! the measured wall time of each decision.
 
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,7 +47,7 @@ use kvgate_router::{
     Booking, Decision, Disagg, DisaggConfig, EngineTiming, Outcome, RouteRequest, Router,
     RouterConfig, RouterMetrics,
 };
-use kvgate_sim::{CacheIdentity, Engine, EngineConfig, EngineStats, Tracker};
+use kvgate_sim::{CacheIdentity, Engine, EngineConfig, EngineStats, Timeline, Tracker};
 use rustc_hash::FxHashMap;
 
 use crate::capacity::FleetSpec;
@@ -151,9 +149,7 @@ pub struct Fleet {
     now: Duration,
     next_report: Duration,
     next_sample: Duration,
-    deliveries: BinaryHeap<Reverse<(Duration, u64)>>,
-    delivery_items: FxHashMap<u64, Delivery>,
-    next_seq: u64,
+    deliveries: Timeline<Delivery>,
     /// Open bookings by request (the core finds a booking's router by its
     /// id).
     bookings: FxHashMap<usize, Booking>,
@@ -289,9 +285,7 @@ impl Fleet {
             now: Duration::ZERO,
             next_report: Duration::ZERO,
             next_sample: Duration::ZERO,
-            deliveries: BinaryHeap::new(),
-            delivery_items: FxHashMap::default(),
-            next_seq: 0,
+            deliveries: Timeline::default(),
             bookings: FxHashMap::default(),
             scratch_matches: Vec::new(),
             records: Vec::new(),
@@ -390,7 +384,7 @@ impl Fleet {
         let mut next = 0usize;
         let mut unreported = 0u64;
         loop {
-            let next_delivery = self.deliveries.peek().map(|r| r.0 .0);
+            let next_delivery = self.deliveries.next_at();
             let next_arrival = (next < n).then(|| workload.arrival(next, rate_scale));
             let next_step = (0..self.engines.len())
                 .filter(|&i| self.engines[i].has_work())
@@ -432,27 +426,24 @@ impl Fleet {
     }
 
     fn schedule(&mut self, at: Duration, d: Delivery) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.deliveries.push(Reverse((at, seq)));
-        self.delivery_items.insert(seq, d);
+        self.deliveries.schedule(at, d);
     }
 
     fn deliver_next(&mut self) {
-        let Some(Reverse((at, seq))) = self.deliveries.pop() else { return };
+        let Some((at, delivery)) = self.deliveries.pop() else { return };
         let now = self.base + at;
-        match self.delivery_items.remove(&seq) {
-            Some(Delivery::Events { replica, events }) => {
+        match delivery {
+            Delivery::Events { replica, events } => {
                 let batch =
                     Batch { ts: at.as_secs_f64(), events, dp_rank: None, skipped_events: 0 };
                 self.core.apply_events(self.ids[replica], &batch, now);
                 self.note(|| CoreInput::Events { at, replica, batch });
             }
-            Some(Delivery::PrefillDone { request, cached_tokens }) => {
+            Delivery::PrefillDone { request, cached_tokens } => {
                 self.prefill_done(request, cached_tokens, at);
             }
-            Some(Delivery::Transfer { request }) => self.transfer_done(request, at),
-            Some(Delivery::Token { request, is_first, finished, cached_tokens }) => {
+            Delivery::Transfer { request } => self.transfer_done(request, at),
+            Delivery::Token { request, is_first, finished, cached_tokens } => {
                 if is_first {
                     self.note(|| CoreInput::FirstToken { at, request });
                 }
@@ -476,7 +467,6 @@ impl Fleet {
                     }
                 }
             }
-            None => {}
         }
     }
 

@@ -35,6 +35,7 @@ mod pool;
 pub mod request_stats;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod timeline;
 pub mod timing;
 
 pub use config::EngineConfig;
@@ -42,4 +43,5 @@ pub use engine::{Engine, EngineStats, FinishReason, RequestId, StepOutput, Token
 pub use error::SimError;
 pub use hash::{BlockHasher, CacheIdentity};
 pub use request_stats::{FinishedRequest, StepRecord, Tracker};
+pub use timeline::Timeline;
 pub use timing::TimingModel;

@@ -1,35 +1,42 @@
-//! A virtual-time fleet for scenario tests: N simulated vLLM engines, one
-//! KV index and one router, driven by a discrete-event loop.
+//! Scenario tests' driver: N simulated vLLM engines in front of the fleet
+//! core `kvgate serve` drives (`kvgate_fleet::Fleet`: the KV index, the
+//! router, the replicas' health rules), through a discrete-event loop that
+//! hands the core what a gateway's shell would: scrapes, event batches,
+//! first tokens and ends, at virtual time. Unlike fast-mode replay's loop
+//! (`kvgate-replay`'s `fleet.rs`), it takes requests one at a time, runs
+//! until a chosen instant, and flushes or swaps engines mid-run.
 //!
-//! - Requests arrive at given virtual times; at each arrival the router
-//!   decides (`now = base + virtual time`) and the request joins the chosen
+//! - Replicas come into rotation at the first scrape, at time 0.
+//! - Requests arrive at given virtual times; at each arrival the core
+//!   routes (`now = base + virtual time`) and the request joins the chosen
 //!   engine's waiting queue (an idle engine's clock jumps to the arrival).
 //! - Engines step in time order: the engine with the earliest clock among
 //!   those with work steps next, never starting a step after the next
 //!   arrival. A step's outputs happen at its end time: its KV events are
 //!   applied to the index then (plus an optional delay), first tokens call
 //!   `Booking::first_token`, finished requests `Booking::finish`.
-//! - Every `report_every` of virtual time each replica's engine stats go to
-//!   the router as an `EngineReport`, and the ledger's pending prefill
-//!   tokens are sampled.
+//! - Every `report_every` of virtual time each replica's engine stats reach
+//!   the core as a scrape (without request timings: calibration starts from
+//!   the priors and learns from first tokens), the core ticks, and the
+//!   ledger's pending prefill tokens are sampled.
 //!
 //! Everything is deterministic: engines hash with a fixed seed and the
 //! router is seeded.
 
 #![allow(dead_code)]
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvgate_events::Event;
-use kvgate_index::{block_keys, Index, ReplicaId, ReplicaSpec};
+use kvgate_events::{Batch, Event};
+use kvgate_fleet::{EngineScrape, HealthRules};
+use kvgate_index::{block_keys, ReplicaId};
 use kvgate_router::{
-    Booking, EngineReport, Explanation, Outcome, PolicyKind, ReplicaInfo, RouteRequest, Router,
-    RouterConfig, RouterMetrics,
+    Booking, Decision, Explanation, Outcome, PolicyKind, RouteRequest, Router, RouterConfig,
+    RouterMetrics,
 };
-use kvgate_sim::{Engine, EngineConfig, TimingModel};
+use kvgate_sim::{Engine, EngineConfig, Timeline, TimingModel};
 
 /// Tokens per KV block in every scenario.
 pub(crate) const BLOCK_SIZE: u32 = 16;
@@ -107,8 +114,7 @@ pub(crate) struct Fleet {
     pub(crate) engines: Vec<Engine>,
     pub(crate) clocks: Vec<Duration>,
     pub(crate) ids: Vec<ReplicaId>,
-    pub(crate) index: Index,
-    pub(crate) router: Router,
+    core: kvgate_fleet::Fleet,
     pub(crate) records: Vec<Record>,
     pub(crate) gauges: Vec<Gauges>,
     /// Extra delay between a step's end and its events reaching the index.
@@ -118,9 +124,7 @@ pub(crate) struct Fleet {
     pub(crate) now: Duration,
     next_report: Duration,
     arrivals: Vec<Arrival>,
-    deliveries: BinaryHeap<Reverse<(Duration, u64)>>,
-    delivery_items: HashMap<u64, Delivery>,
-    next_seq: u64,
+    deliveries: Timeline<Delivery>,
     bookings: HashMap<u64, Booking>,
     /// Replicas to flush (prefix-cache reset) at or after the given time.
     flushes: Vec<(usize, Duration)>,
@@ -131,32 +135,23 @@ pub(crate) struct Fleet {
 impl Fleet {
     /// A fleet of `configs.len()` replicas under `router`.
     pub(crate) fn new(configs: Vec<EngineConfig>, router: RouterConfig) -> Fleet {
-        let mut index = Index::new();
-        let mut router =
+        let router =
             Router::new(router, Arc::new(RouterMetrics::default())).expect("valid router config");
+        let mut core = kvgate_fleet::Fleet::new(vec![router], HealthRules::default());
         let mut ids = Vec::new();
         let mut engines = Vec::new();
         for (i, c) in configs.into_iter().enumerate() {
-            let name = format!("replica-{i}");
-            let id = index.add_replica(ReplicaSpec::new(name.clone(), 0, c.block_size)).unwrap();
-            let info = ReplicaInfo {
-                name,
-                block_size: c.block_size,
-                capacity_blocks: [u64::from(c.num_gpu_blocks), 0, 0],
-                max_num_batched_tokens: c.max_num_batched_tokens,
-            };
-            router.add_replica(id, info).unwrap();
+            let id = core.add(&format!("replica-{i}"), 0, c.block_size, true, 0).unwrap();
             ids.push(id);
             engines.push(Engine::new(c).unwrap());
         }
         let n = engines.len();
-        Fleet {
+        let mut fleet = Fleet {
             base: Instant::now(),
             engines,
             clocks: vec![Duration::ZERO; n],
             ids,
-            index,
-            router,
+            core,
             records: Vec::new(),
             gauges: vec![Gauges::default(); n],
             event_delay: Duration::ZERO,
@@ -164,13 +159,19 @@ impl Fleet {
             now: Duration::ZERO,
             next_report: Duration::ZERO,
             arrivals: Vec::new(),
-            deliveries: BinaryHeap::new(),
-            delivery_items: HashMap::new(),
-            next_seq: 0,
+            deliveries: Timeline::default(),
             bookings: HashMap::new(),
             flushes: Vec::new(),
             flushed_at: Vec::new(),
-        }
+        };
+        // The first scrape brings every replica into rotation.
+        fleet.report_all(Duration::ZERO);
+        fleet
+    }
+
+    /// The router (its config, ledger and calibration).
+    pub(crate) fn router(&self) -> &Router {
+        self.core.router()
     }
 
     /// `n` identical replicas with `timing`, under `policy`.
@@ -199,12 +200,15 @@ impl Fleet {
     }
 
     /// Swaps replica `i`'s engine for a fresh one (empty cache) built from
-    /// `config`; the index forgets what the old one held. The engine must be
-    /// idle. The router is not told: it must notice by itself.
+    /// `config`. The engine must be idle. The core hears of it as a gateway
+    /// would of a restarted engine, by its view being lost (cleared, and
+    /// degraded until rebuilt); its timing it must learn by itself.
     pub(crate) fn replace_engine(&mut self, i: usize, config: EngineConfig) {
         assert!(!self.engines[i].has_work(), "replace an idle engine only");
         self.engines[i] = Engine::new(config).unwrap();
-        self.index.clear_replica(self.ids[i]).unwrap();
+        let (id, now) = (self.ids[i], self.instant(self.now));
+        self.core.view_lost(id, "engine replaced".into(), now);
+        while self.core.clear_step(id, usize::MAX).0 > 0 {}
     }
 
     /// Runs until every request submitted so far has finished.
@@ -217,7 +221,7 @@ impl Fleet {
     pub(crate) fn run_until(&mut self, limit: Duration) {
         loop {
             self.try_flushes();
-            let next_delivery = self.deliveries.peek().map(|r| r.0 .0);
+            let next_delivery = self.deliveries.next_at();
             let next_arrival = self.arrivals.first().map(|a| a.at);
             let next_step = (0..self.engines.len())
                 .filter(|&i| self.engines[i].has_work())
@@ -275,18 +279,17 @@ impl Fleet {
     }
 
     fn schedule(&mut self, at: Duration, d: Delivery) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.deliveries.push(Reverse((at, seq)));
-        self.delivery_items.insert(seq, d);
+        self.deliveries.schedule(at, d);
     }
 
     fn deliver_next(&mut self) {
-        let Some(Reverse((at, seq))) = self.deliveries.pop() else { return };
+        let Some((at, delivery)) = self.deliveries.pop() else { return };
         let now = self.instant(at);
-        match self.delivery_items.remove(&seq).expect("scheduled delivery") {
+        match delivery {
             Delivery::Events { replica, events } => {
-                self.index.apply_events(self.ids[replica], &events, now);
+                let batch =
+                    Batch { ts: at.as_secs_f64(), events, dp_rank: None, skipped_events: 0 };
+                self.core.apply_events(self.ids[replica], &batch, now);
             }
             Delivery::Token { request, is_first, finished, cached_tokens } => {
                 let rec = &mut self.records[request as usize];
@@ -294,13 +297,13 @@ impl Fleet {
                     rec.ttft = Some(at - rec.arrival);
                     rec.cached_tokens = cached_tokens;
                     if let Some(&b) = self.bookings.get(&request) {
-                        self.router.first_token(b, now);
+                        self.core.first_token(b, now);
                     }
                 }
                 if finished {
                     rec.finished_at = Some(at);
                     if let Some(b) = self.bookings.remove(&request) {
-                        self.router.finish(b, Outcome::Finished);
+                        self.core.finish(b, Outcome::Finished);
                     }
                 }
             }
@@ -309,19 +312,24 @@ impl Fleet {
 
     fn report_all(&mut self, t: Duration) {
         let at = self.instant(t);
+        self.core.tick(at);
         for i in 0..self.engines.len() {
             let s = self.engines[i].stats();
-            let report = EngineReport {
+            let c = self.engines[i].config();
+            let scrape = EngineScrape {
                 running: s.running as u32,
                 waiting: s.waiting as u32,
                 kv_usage: s.kv_usage,
-                prefix_cache_queries: s.prefix_cache_queries,
-                prefix_cache_hits: s.prefix_cache_hits,
-                timing: None,
-                at,
+                prefix_queries: s.prefix_cache_queries,
+                prefix_hits: s.prefix_cache_hits,
+                block_size: Some(c.block_size),
+                num_gpu_blocks: Some(u64::from(c.num_gpu_blocks)),
+                num_cpu_blocks: Some(u64::from(c.num_cpu_blocks)),
+                step_budget: Some(c.max_num_batched_tokens),
+                ..EngineScrape::default()
             };
-            self.router.report(self.ids[i], report).unwrap();
-            let load = self.router.load(self.ids[i]).unwrap().load;
+            self.core.probe_succeeded(self.ids[i], Ok(scrape), at);
+            let load = self.core.router().load(self.ids[i]).unwrap().load;
             let g = &mut self.gauges[i];
             g.max_pending_prefill_tokens =
                 g.max_pending_prefill_tokens.max(load.pending_prefill_tokens);
@@ -340,11 +348,9 @@ impl Fleet {
             max_output_tokens: Some(a.max_tokens),
             ..RouteRequest::default()
         };
-        let routed = self
-            .router
-            .decide(&req, &self.index, now)
-            .routed()
-            .expect("no admission limits in scenarios: every request is routed");
+        let Decision::Routed(routed) = self.core.route(0, &req, now) else {
+            panic!("no admission limits in scenarios: every request is routed")
+        };
         let replica = self.ids.iter().position(|&id| id == routed.replica).expect("known replica");
         assert_eq!(a.request as usize, self.records.len(), "arrivals in submission order");
         self.records.push(Record {

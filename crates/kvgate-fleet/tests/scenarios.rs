@@ -1,5 +1,5 @@
 //! Fleet scenarios in virtual time: simulated vLLM engines, the KV index and
-//! the router together (see `support/mod.rs` for the harness).
+//! the fleet core together (see `support/mod.rs` for the driver).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -93,7 +93,7 @@ fn shared_prompt_burst_spreads_when_the_warm_queue_makes_cold_faster() {
     let fleet = &b.fleet;
     let counts = fleet.counts(b.burst.clone());
     let t = ttfts(fleet, b.burst.clone());
-    let eps = fleet.router.config().epsilon;
+    let eps = fleet.router().config().epsilon;
 
     // Every move off the warm replica: was the cold one predicted faster?
     let mut first_on: Vec<Option<usize>> = vec![None; counts.len()];
@@ -128,7 +128,7 @@ fn shared_prompt_burst_spreads_when_the_warm_queue_makes_cold_faster() {
         }
         let pred: Vec<f64> = rs.iter().map(|r| r.predicted_ttft_s).collect();
         let obs: Vec<f64> = rs.iter().map(|r| r.ttft_s()).collect();
-        let v = fleet.router.load(fleet.ids[i]).unwrap();
+        let v = fleet.router().load(fleet.ids[i]).unwrap();
         println!(
             "replica {i}{}: {} requests, first at burst #{:?}, predicted TTFT max {:.3}s, observed max {:.3}s, sigma {:.2e} s/token",
             if i == b.warm { " (warm)" } else { "" },
@@ -367,7 +367,7 @@ fn calibration_converges_within_50_requests_after_a_slowdown() {
             let r = fleet.records.last().unwrap();
             let uncached = (r.prompt_tokens - u64::from(r.cached_tokens)) as f64;
             truth.push((r.ttft_s() - const_ms / 1000.0) / uncached);
-            est.push(fleet.router.load(id).unwrap().prefill_s_per_token);
+            est.push(fleet.router().load(id).unwrap().prefill_s_per_token);
         }
         (est, truth)
     };
