@@ -265,11 +265,11 @@ pub struct Subscriber {
     metrics: Arc<SubscriberMetrics>,
     tx: mpsc::Sender<Update>,
     tracker: SeqTracker,
-    /// The last batch applied: its seq and a hash of its payload. The
-    /// replay endpoint's copy of that seq tells whether the publisher is
-    /// still the process that sent it (a restarted one numbers from 0 again,
-    /// so the seq alone can match).
-    last_applied: Option<(u64, u64)>,
+    /// The last batch applied: its seq and payload (the received frame,
+    /// shared, not copied). The replay endpoint's copy of that seq tells
+    /// whether the publisher is still the process that sent it (a restarted
+    /// one numbers from 0 again, so the seq alone can match).
+    last_applied: Option<(u64, Bytes)>,
 }
 
 /// What a tail probe found.
@@ -284,14 +284,6 @@ enum Probe {
     /// The publisher no longer has our last batch: it restarted, and the
     /// SUB socket did not notice.
     Restarted,
-}
-
-/// A hash of a batch's payload, to recognise it in a replay.
-fn fingerprint(payload: &[u8]) -> u64 {
-    use std::hash::Hasher;
-    let mut h = std::hash::DefaultHasher::new();
-    h.write(payload);
-    h.finish()
 }
 
 type Replayed = Vec<(u64, Bytes)>;
@@ -329,8 +321,10 @@ impl Subscriber {
         let probe_after =
             self.config.tail_probe_after.filter(|_| self.config.replay_endpoint.is_some());
         let mut probe_at: Option<tokio::time::Instant> = None;
-        // The wait before asking an unreachable replay endpoint again.
-        let mut probe_retry = probe_after.unwrap_or(self.config.backoff_initial);
+        // The wait before asking an unreachable replay endpoint again;
+        // back to the first once the publisher is heard from.
+        let first_retry = probe_after.unwrap_or(self.config.backoff_initial);
+        let mut probe_retry = first_retry;
         loop {
             let probe = async {
                 match probe_at {
@@ -346,10 +340,12 @@ impl Subscriber {
                     match self.tail_probe(&mut sub).await? {
                         Probe::Quiet => {
                             probe_at = Some(tokio::time::Instant::now() + self.config.quiet_check);
+                            probe_retry = first_retry;
                             false
                         }
                         Probe::Live => {
                             probe_at = probe_after.map(|d| tokio::time::Instant::now() + d);
+                            probe_retry = first_retry;
                             false
                         }
                         Probe::Unreachable => {
@@ -381,7 +377,7 @@ impl Subscriber {
                     Ok(msg) => {
                         self.on_live(&msg.into_vec()).await?;
                         probe_at = probe_after.map(|d| tokio::time::Instant::now() + d);
-                        probe_retry = probe_after.unwrap_or(self.config.backoff_initial);
+                        probe_retry = first_retry;
                         false
                     }
                     Err(e) => {
@@ -517,8 +513,8 @@ impl Subscriber {
     /// Where a replay that checks the publisher starts: at our last applied
     /// batch, or at `next` when none was applied yet.
     fn check_from(&self, next: u64) -> u64 {
-        match self.last_applied {
-            Some((seq, _)) => seq,
+        match &self.last_applied {
+            Some((seq, _)) => *seq,
             None => next,
         }
     }
@@ -598,11 +594,11 @@ impl Subscriber {
     /// the buffer has moved past it (batches lost, not a restart: the gap
     /// logic deals with that).
     fn still_has_last(&self, items: &Replayed) -> bool {
-        let Some((seq, hash)) = self.last_applied else { return true };
+        let Some((seq, last)) = &self.last_applied else { return true };
         match items.first() {
             None => false,
-            Some((first, payload)) if *first == seq => fingerprint(payload) == hash,
-            Some((first, _)) => *first > seq,
+            Some((first, payload)) if first == seq => payload == last,
+            Some((first, _)) => first > seq,
         }
     }
 
@@ -621,7 +617,10 @@ impl Subscriber {
             tracing::debug!(endpoint = %self.config.endpoint, "kv events: message on another topic dropped");
             return Ok(());
         }
-        let (seq, payload) = (msg.seq, msg.payload);
+        let seq = msg.seq;
+        // The payload is the last of the three frames `parse_pub` accepted
+        // (kept as received, shared: it may be the last one applied).
+        let Some(payload) = frames.last() else { return Ok(()) };
         match self.tracker.classify(seq) {
             Verdict::Deliver => self.deliver(seq, payload, false).await,
             Verdict::Duplicate => {
@@ -696,7 +695,7 @@ impl Subscriber {
         self.apply_replayed(0, items).await
     }
 
-    async fn deliver_if_next(&mut self, seq: u64, payload: &[u8]) -> Result<(), SubscriberError> {
+    async fn deliver_if_next(&mut self, seq: u64, payload: &Bytes) -> Result<(), SubscriberError> {
         match self.tracker.next_expected() {
             Some(n) if seq < n => Ok(()),
             _ => self.deliver(seq, payload, false).await,
@@ -706,13 +705,11 @@ impl Subscriber {
     async fn deliver(
         &mut self,
         seq: u64,
-        payload: &[u8],
+        payload: &Bytes,
         replayed: bool,
     ) -> Result<(), SubscriberError> {
         self.tracker.applied(seq, !replayed);
-        if self.config.replay_endpoint.is_some() {
-            self.last_applied = Some((seq, fingerprint(payload)));
-        }
+        self.last_applied = Some((seq, payload.clone()));
         match decode_batch(payload) {
             Ok(batch) => {
                 SubscriberMetrics::inc(&self.metrics.batches, 1);

@@ -8,7 +8,8 @@
 //! `std`, the relay's check after its stall sleep fired saw a deadline not
 //! yet reached, re-armed the sleep for that deadline (already past on the
 //! paused clock) and spun until real time caught up. Wall durations that
-//! only measure work (tokenizing, a decision) stay on `std`.
+//! only measure work (tokenizing, a decision) stay on `std`; the shell's
+//! own waits (a task's backoff, the adapter refresh) use tokio's `Instant`.
 
 use std::time::Instant;
 

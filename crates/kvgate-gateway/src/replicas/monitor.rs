@@ -5,7 +5,7 @@
 //! configured block size; failed probes take a replica out of rotation.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::config::settings::ProbeTiming;
 use crate::replicas::fleet_handle::FleetHandle;
@@ -31,7 +31,7 @@ pub(crate) async fn run(prober: Prober, replica: Arc<Replica>) {
     let mut tick = tokio::time::interval(prober.timing.every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut stop = replica.stop.subscribe();
-    let mut adapters_at: Option<Instant> = None;
+    let mut adapters_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = tick.tick() => {}
@@ -41,7 +41,7 @@ pub(crate) async fn run(prober: Prober, replica: Arc<Replica>) {
         let up = prober.fleet.with(|f| f.status(replica.id).is_some_and(|s| s.probe_ok));
         if up && adapters_at.is_none_or(|at| at.elapsed() >= ADAPTER_REFRESH) {
             refresh_adapters(&prober, &replica).await;
-            adapters_at = Some(crate::clock::now());
+            adapters_at = Some(tokio::time::Instant::now());
         }
     }
 }

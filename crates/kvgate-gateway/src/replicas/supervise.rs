@@ -67,7 +67,7 @@ where
     tokio::spawn(async move {
         let mut failures = 0u32;
         loop {
-            let started = crate::clock::now();
+            let started = tokio::time::Instant::now();
             let outcome = tokio::spawn(make()).await;
             if *stop.borrow() {
                 return;
