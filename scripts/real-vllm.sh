@@ -220,7 +220,7 @@ model = Qwen3ForCausalLM(config).to(torch.bfloat16)
 model.save_pretrained(out)
 print(f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", file=sys.stderr)
 EOF
-  touch "$MODEL/.made"
+  touch "$dir/.made"
 }
 
 need_install() {
