@@ -19,6 +19,13 @@ and live (docs/peers.md, "Long agent contexts"):
     kvgate replay --trace /tmp/long-agentic-1.jsonl --replicas 4 --timing llmd_qwen3_32b
     bash bench/peers.sh --workloads timed_trace --trace /tmp/long-agentic-1.jsonl --levels knee
 
+The real-engine bench's long agentic trace (`bench/peers.sh --engines real
+--preset gpu_like`, workload `long_agentic`) is the same shape sized to
+engines of 512 blocks of 32 tokens and an 8,192-token context:
+
+    python3 bench/make_agent_trace.py --seed 1 --prefix-min 1024 --prefix-max 4096 --max-prompt 7680 \
+        --output-median 48 --duration 240 > bench/traces/real-long-agentic.jsonl
+
 Format (Mooncake FAST'25 traces): one JSON object per line, `timestamp` (ms
 from the start, non-decreasing), `input_length` (tokens), `output_length`
 (tokens) and `hash_ids`, one id per 512-token block of the prompt (the last

