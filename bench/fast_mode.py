@@ -81,11 +81,17 @@ def main() -> int:
     ap.add_argument("--kvgate", default=str(ROOT / "target" / "release" / "kvgate"))
     ap.add_argument("--engines", choices=["sim", "real"], default="sim",
                     help="the fleet and workloads of bench/peers.py --engines sim (default) or real")
+    ap.add_argument("--preset", choices=["tiny", "gpu_like"], default="tiny",
+                    help="with --engines real: the engines' preset, as bench/peers.py --preset (its fitted timing)")
     ap.add_argument("--full", action="store_true", help="the request counts of a full bench run (default: --quick's)")
     ap.add_argument("--trace", type=Path, default=None,
                     help="the timed_trace cells replay this Mooncake JSONL file, as bench/peers.py --trace does")
     args = ap.parse_args()
-    peers.use_engines(args.engines)
+    try:
+        peers.use_engines(args.engines, args.preset)
+    except peers.BenchError as e:
+        print(f"fast_mode.py: {e}", file=sys.stderr)
+        return 2
     if args.trace is not None:
         try:
             peers.use_trace(args.trace)
@@ -106,7 +112,7 @@ def main() -> int:
         for level, rate in wl["levels"].items():
             n = wl["n" if args.full else "quick_n"][level]
             model_rate = rate / speed
-            trace = OUT / f"{wname}-{level}.jsonl"
+            trace = OUT / f"{wname}-{level}-{f.get('preset', 'sim')}.jsonl"
             if "trace" in wl:
                 st = peers.trace_stats(wname)
                 native = st["requests"] / st["span_s"]
@@ -116,7 +122,7 @@ def main() -> int:
             else:
                 write_trace(trace, synthetic_rows(wname, n, model_rate, seed=1))
                 scale = 1.0
-            report = OUT / f"{wname}-{level}.json"
+            report = OUT / f"{wname}-{level}-{f.get('preset', 'sim')}.json"
             argv = [args.kvgate, "replay", "--trace", str(trace), "--limit", str(n), "--rate-scale", f"{scale:.6f}",
                     "--policies", "kv_aware", "--replicas", str(f["replicas"]), "--timing", f["timing"],
                     "--block-size", str(f["block_size"]), "--num-gpu-blocks", str(f["num_gpu_blocks"]),

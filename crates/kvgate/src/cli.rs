@@ -318,8 +318,8 @@ pub(crate) struct SimArgs {
     /// 0 offloads block by block on GPU eviction.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub(crate) cpu_chunk_blocks: u32,
-    /// Timing preset: dynamo_mocker, llmd_qwen3_32b or vllm_cpu_tiny (fitted to
-    /// the real CPU engine of scripts/real-vllm.sh; see docs/real-vllm.md).
+    /// Timing preset: dynamo_mocker, llmd_qwen3_32b, vllm_cpu_tiny or vllm_cpu_gpu_like
+    /// (fitted to the real CPU engine's presets of scripts/real-vllm.sh; see docs/real-vllm.md).
     #[arg(long, default_value = "dynamo_mocker")]
     pub(crate) timing: String,
     /// Run real time this many times faster than the timing model.

@@ -124,8 +124,8 @@ pub(crate) struct ReplayArgs {
     /// Most running requests per engine.
     #[arg(long, default_value_t = 256)]
     pub(crate) max_num_seqs: u32,
-    /// Engine timing preset: llmd_qwen3_32b, dynamo_mocker or vllm_cpu_tiny (fitted to the
-    /// real CPU engine of docs/real-vllm.md).
+    /// Engine timing preset: llmd_qwen3_32b, dynamo_mocker, vllm_cpu_tiny or vllm_cpu_gpu_like
+    /// (the last two fitted to the real CPU engine's presets of docs/real-vllm.md).
     #[arg(long, default_value = "llmd_qwen3_32b")]
     pub(crate) timing: String,
     /// Delay between an engine step's end and its KV events reaching the index, ms.
@@ -362,7 +362,7 @@ fn fleet_spec(args: &ReplayArgs) -> anyhow::Result<FleetSpec> {
     f.replicas = args.replicas;
     let timing = TimingModel::preset(&args.timing).with_context(|| {
         format!(
-            "unknown timing preset {:?}; expected llmd_qwen3_32b, dynamo_mocker or vllm_cpu_tiny",
+            "unknown timing preset {:?}; expected llmd_qwen3_32b, dynamo_mocker, vllm_cpu_tiny or vllm_cpu_gpu_like",
             args.timing
         )
     })?;

@@ -154,7 +154,7 @@ pub struct EmbeddedSimConfig {
     pub replicas: usize,
     /// GPU KV blocks each.
     pub num_gpu_blocks: u32,
-    /// Timing preset (`dynamo_mocker`, `llmd_qwen3_32b` or `vllm_cpu_tiny`).
+    /// Timing preset (`dynamo_mocker`, `llmd_qwen3_32b`, `vllm_cpu_tiny` or `vllm_cpu_gpu_like`).
     pub timing: String,
     /// Simulated time runs this many times faster than real time.
     pub speedup: f64,
