@@ -91,7 +91,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The router's candidates for the slowest requests still in its log
     // (matched by prompt length).
     for (i, _, r) in recs.iter().take(5) {
-        let Some(e) = fleet.router().recent_decisions().find(|e| e.prompt_tokens == u64::from(r.prompt_tokens))
+        let Some(e) = fleet
+            .router()
+            .recent_decisions()
+            .find(|e| e.prompt_tokens == u64::from(r.prompt_tokens))
         else {
             continue;
         };

@@ -37,7 +37,10 @@ pub(crate) async fn run(args: SimArgs) -> anyhow::Result<()> {
         format!("unknown --event-layout {} (v0.11, v0.26, map)", args.event_layout)
     })?;
     let timing = TimingModel::preset(&args.timing).with_context(|| {
-        format!("unknown --timing {} (dynamo_mocker, llmd_qwen3_32b, vllm_cpu_tiny, vllm_cpu_gpu_like)", args.timing)
+        format!(
+            "unknown --timing {} (dynamo_mocker, llmd_qwen3_32b, vllm_cpu_tiny, vllm_cpu_gpu_like)",
+            args.timing
+        )
     })?;
     if args.replicas == 0 {
         bail!("--replicas must be at least 1");
