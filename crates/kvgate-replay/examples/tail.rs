@@ -88,30 +88,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "slowest 5 % ({tail}): mean miss {:.1} ms; {lost} routed below the best indexed prefix",
         miss / tail as f64
     );
-    // The router's candidates for the slowest requests still in its log
-    // (matched by prompt length).
-    for (i, _, r) in recs.iter().take(5) {
-        let Some(e) = fleet
-            .router()
-            .recent_decisions()
-            .find(|e| e.prompt_tokens == u64::from(r.prompt_tokens))
-        else {
-            continue;
-        };
-        println!("request {i}: chosen {:?}", e.chosen.map(|c| c.index()));
-        for c in &e.candidates {
-            println!(
-                "  replica {} pending {:>6} decoding {:>3} requests {:>3} booked_blocks {:>5} pred {:>7.1} ms score {:.3}",
-                c.replica.index(),
-                c.pending_prefill_tokens,
-                c.decoding,
-                c.requests,
-                c.booked_blocks,
-                c.predicted_ttft_s * 1e3,
-                c.score
-            );
-        }
-    }
     // Requests in each engine (running + waiting) around the slowest one.
     if let Some((_, _, worst)) = recs.first() {
         let at = worst.arrival.as_secs_f64();
