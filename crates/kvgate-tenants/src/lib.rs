@@ -29,7 +29,9 @@
 //!   expired or cancelled; every dispatched one finishes. The per-tenant
 //!   counts close ([`TenantCounters::balanced`]) after every call.
 //! - Dispatch is work-conserving: if any band's head would be accepted by
-//!   the caller's predicate, something is dispatched.
+//!   the caller's predicate, something is dispatched; with peers, unless a
+//!   tenant waiting on a peer is far behind the pick (`defer_to_peers`,
+//!   counted), so that the peer takes the capacity.
 //! - Every operation is O(log n) in the number of backlogged tenants
 //!   (amortised over dead queue entries).
 
