@@ -955,6 +955,7 @@ impl Collector for SnapshotCollector {
 /// (`VmRSS` of `/proc/self/status`, in kB there; off Linux the file does not
 /// exist).
 pub(crate) fn process_rss_bytes() -> u64 {
+    debug_assert!(!crate::locks::under_fleet_lock(), "a /proc read under the fleet lock");
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else { return 0 };
     status
         .lines()
@@ -972,6 +973,7 @@ pub(crate) fn process_rss_bytes() -> u64 {
 /// reading it would take `libc` and `unsafe`. Off Linux the file does not exist
 /// and this returns 0.0.
 pub(crate) fn process_cpu_seconds() -> f64 {
+    debug_assert!(!crate::locks::under_fleet_lock(), "a /proc read under the fleet lock");
     const CLOCK_TICKS_PER_SECOND: f64 = 100.0;
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return 0.0 };
     // `pid (comm) state ppid …`: `comm` may contain spaces and parentheses,

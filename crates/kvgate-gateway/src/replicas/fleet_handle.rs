@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use kvgate_index::ReplicaId;
 use kvgate_router::{Booking, Decision, Outcome, RouteRequest};
 
-use crate::locks::lock;
+use crate::locks::{lock, with_fleet_lock_marked};
 use kvgate_fleet::Failure;
 use kvgate_fleet::{Fleet, PoolId, Reachable};
 
@@ -24,10 +24,12 @@ impl FleetHandle {
         FleetHandle { fleet: Mutex::new(fleet) }
     }
 
-    /// Runs `f` on the fleet under its lock. Keep `f` short: every routing
-    /// decision and event batch waits for it.
+    /// Runs `f` on the fleet under its lock. Keep `f` short and free of
+    /// system calls: every routing decision and event batch waits for it
+    /// (the code that reads `/proc` asserts it is not under it).
     pub(crate) fn with<R>(&self, f: impl FnOnce(&mut Fleet) -> R) -> R {
-        f(&mut lock(&self.fleet))
+        let mut fleet = lock(&self.fleet);
+        with_fleet_lock_marked(|| f(&mut fleet))
     }
 
     /// One routing decision in `pool` ([`Fleet::route`]).

@@ -37,7 +37,13 @@ impl FleetView {
     pub(crate) fn snapshot(&self, now: Instant) -> FleetSnapshot {
         let replicas = self.replicas.all();
         let (peers, peer_targets) = self.peers.snapshot(now);
-        self.fleet.with(|fleet| self.snapshot_of(fleet, &replicas, peers, peer_targets, now))
+        // `/proc` is read before the lock: nothing under it makes a system call.
+        let process = (
+            crate::observe::metrics::process_cpu_seconds(),
+            crate::observe::metrics::process_rss_bytes(),
+        );
+        self.fleet
+            .with(|fleet| self.snapshot_of(fleet, &replicas, peers, peer_targets, process, now))
     }
 
     fn snapshot_of(
@@ -46,6 +52,7 @@ impl FleetView {
         replicas: &[Arc<Replica>],
         peers: Vec<PeerSnapshot>,
         peer_targets: Vec<PeerTargetSnapshot>,
+        (cpu_seconds, rss_bytes): (f64, u64),
         now: Instant,
     ) -> FleetSnapshot {
         let index = fleet.index();
@@ -53,8 +60,8 @@ impl FleetView {
             index_bytes: index.bytes_used(),
             index_distinct_keys: index.distinct_keys(),
             in_flight: fleet.in_flight() as u64,
-            cpu_seconds: crate::observe::metrics::process_cpu_seconds(),
-            rss_bytes: crate::observe::metrics::process_rss_bytes(),
+            cpu_seconds,
+            rss_bytes,
             uptime_s: now.saturating_duration_since(self.started).as_secs_f64(),
             peer_outbox_dropped: self.peers.outbox_dropped.load(Ordering::Relaxed),
             peers_forgotten: self.peers.forgotten.load(Ordering::Relaxed),
