@@ -105,6 +105,7 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     f = peers.FLEET
     speed = f["speedup"]
+    fleet_name = f.get("preset", "sim")
     print("| workload | level | live req/s (wall) | model req/s | fast kv_aware mean TTFT, wall ms "
           "| live kvgate kv_aware mean TTFT | live ÷ fast | live, the engines' own mean TTFT | engines' ÷ fast |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -112,7 +113,7 @@ def main() -> int:
         for level, rate in wl["levels"].items():
             n = wl["n" if args.full else "quick_n"][level]
             model_rate = rate / speed
-            trace = OUT / f"{wname}-{level}-{f.get('preset', 'sim')}.jsonl"
+            trace = OUT / f"{wname}-{level}-{fleet_name}.jsonl"
             if "trace" in wl:
                 st = peers.trace_stats(wname)
                 native = st["requests"] / st["span_s"]
@@ -122,7 +123,7 @@ def main() -> int:
             else:
                 write_trace(trace, synthetic_rows(wname, n, model_rate, seed=1))
                 scale = 1.0
-            report = OUT / f"{wname}-{level}-{f.get('preset', 'sim')}.json"
+            report = OUT / f"{wname}-{level}-{fleet_name}.json"
             argv = [args.kvgate, "replay", "--trace", str(trace), "--limit", str(n), "--rate-scale", f"{scale:.6f}",
                     "--policies", "kv_aware", "--replicas", str(f["replicas"]), "--timing", f["timing"],
                     "--block-size", str(f["block_size"]), "--num-gpu-blocks", str(f["num_gpu_blocks"]),

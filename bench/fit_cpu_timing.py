@@ -133,51 +133,42 @@ def main():
     procs = Procs(os.path.join(ROOT, ".cache/real-vllm/logs"))
     eng = Engine(procs, 9, args.port, 0)
     rng = random.Random(5)
-    if args.costs:
-        try:
-            eng.start()
-            eng.wait_ready()
-            ttft(eng.url, [1000 + i for i in range(100)])  # warm-up
-            report = {"preset": preset, "repeat": repeat, "date": time.strftime("%Y-%m-%d"),
-                      **costs(eng.url, repeat, rng)}
-        finally:
-            procs.stop_all()
-        os.makedirs(os.path.dirname(out_path), exist_ok=True)
-        with open(out_path, "w") as f:
-            json.dump(report, f, indent=1)
-        print(json.dumps(report, indent=1))
-        return
     try:
         eng.start()
         eng.wait_ready()
         ttft(eng.url, [1000 + i for i in range(100)])  # warm-up
-        pre = []
-        for _ in range(repeat):
-            for t in (64, 256, 512, 1024, 1536, 2048):
-                p = [rng.randrange(1000, 150000) for _ in range(t)]
-                pre.append((t, ttft(eng.url, p) * 1000))
-        dec = []
-        for _ in range(max(2, repeat // 2)):
-            for n in (1, 2, 4, 8, 16):
-                dec.append((n, itl(eng.url, n, rng) * 1000))
+        report = costs(eng.url, repeat, rng) if args.costs else fit_samples(eng.url, repeat, rng)
     finally:
         procs.stop_all()
+    report.update({"preset": preset, "repeat": repeat, "date": time.strftime("%Y-%m-%d")})
+    os.makedirs(os.path.dirname(out_path), exist_ok=True)
+    with open(out_path, "w") as f:
+        json.dump(report, f, indent=1)
+    shown = report if args.costs else {k: report[k] for k in ("fit", "prefill_residual_ms")}
+    print(json.dumps(shown, indent=1))
+
+
+def fit_samples(url, repeat, rng):
+    """The step model fitted to fresh prompts' TTFT and concurrent streams' ITL, with its samples."""
+    pre = []
+    for _ in range(repeat):
+        for t in (64, 256, 512, 1024, 1536, 2048):
+            p = [rng.randrange(1000, 150000) for _ in range(t)]
+            pre.append((t, ttft(url, p) * 1000))
+    dec = []
+    for _ in range(max(2, repeat // 2)):
+        for n in (1, 2, 4, 8, 16):
+            dec.append((n, itl(url, n, rng) * 1000))
     c, b, a = lstsq([t for t, _ in pre], [y for _, y in pre], 2)
     d, e = lstsq([n for n, _ in dec], [y for _, y in dec], 1)
     fit = {"prefill_quadratic_ms": a, "prefill_linear_ms": b, "prefill_const_ms": c,
            "decode_quadratic_ms": 0.0, "decode_linear_ms": 0.0, "decode_const_ms": d,
            "decode_per_seq_ms": e}
     resid = [y - (a * t * t + b * t + c) for t, y in pre]
-    report = {"fit": fit, "prefill_samples_ms": pre, "decode_samples_ms": dec,
-              "prefill_residual_ms": {"mean_abs": statistics.mean(abs(r) for r in resid),
-                                      "max_abs": max(abs(r) for r in resid)},
-              "prefill_tokens_per_s_at_2048": 2048 / ((a * 2048 * 2048 + b * 2048 + c) / 1000),
-              "preset": preset, "date": time.strftime("%Y-%m-%d")}
-    os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    with open(out_path, "w") as f:
-        json.dump(report, f, indent=1)
-    print(json.dumps({"fit": fit, "prefill_residual_ms": report["prefill_residual_ms"]}, indent=1))
-
+    return {"fit": fit, "prefill_samples_ms": pre, "decode_samples_ms": dec,
+            "prefill_residual_ms": {"mean_abs": statistics.mean(abs(r) for r in resid),
+                                    "max_abs": max(abs(r) for r in resid)},
+            "prefill_tokens_per_s_at_2048": 2048 / ((a * 2048 * 2048 + b * 2048 + c) / 1000)}
 
 if __name__ == "__main__":
     main()

@@ -182,6 +182,7 @@ DYNAMO_FLEET = {
 # to predict these runs (bench/fast_mode.py --engines real).
 REAL_FLEET = {
     "replicas": 2,
+    "preset": "tiny",
     "timing": "vllm_cpu_tiny",
     "speedup": 1.0,
     "block_size": 32,
@@ -198,7 +199,6 @@ REAL_VLLM = ROOT / "scripts" / "real-vllm.sh"
 # tokens are 64 MiB. `timing` is its fitted `kvgate sim` preset.
 GPU_LIKE_FLEET = {**REAL_FLEET, "preset": "gpu_like", "timing": "vllm_cpu_gpu_like",
                   "kv_cache_bytes": 64 * 1024 * 1024}
-REAL_FLEET["preset"] = "tiny"
 
 # Workloads sized to the real engines: each engine holds 512 blocks of 32
 # tokens (16,384 tokens), less than every workload's working set. Rates are
@@ -230,23 +230,24 @@ REAL_WORKLOADS = {
 # sized to an 8,192-token context. Each engine holds 512 blocks of 32 tokens,
 # less than every working set. Levels: measured with kvgate kv_aware alone
 # (docs/peers.md, "GPU-like engines").
+def resized(w: dict, levels: dict, n: dict, quick_n: dict) -> dict:
+    """Workload `w` at other levels and request counts."""
+    return {**w, "levels": levels, "n": n, "quick_n": quick_n}
+
+
 GPU_LIKE_WORKLOADS = {
-    "prefix_repetition": prefix_workload(12, 2048, 128, 16, 32, levels={"moderate": 1.0, "knee": 3.0},
-                                         n={"moderate": 90, "knee": 150}, quick_n={"moderate": 90, "knee": 120}),
+    "prefix_repetition": resized(REAL_WORKLOADS["prefix_repetition"], levels={"moderate": 1.0, "knee": 3.0},
+                                 n={"moderate": 90, "knee": 150}, quick_n={"moderate": 90, "knee": 120}),
     "long_agentic": trace_workload(
         ROOT / "bench" / "traces" / "real-long-agentic.jsonl",
         "long-context agentic trace (bench/traces/real-long-agentic.jsonl, bench/make_agent_trace.py: 6 apps with "
         "1k-4k-token prefixes, growing sessions and one-shots, prompts of 0.7k-7.6k tokens), token-id completions",
         levels={"moderate": 0.5, "knee": 1.0}, n={"moderate": 120, "knee": 120},
         quick_n={"moderate": 120, "knee": 120}),
-    "multi_turn": trace_workload(
-        ROOT / "bench" / "traces" / "real-multi-turn.jsonl",
-        "multi-turn chat trace (bench/traces/real-multi-turn.jsonl: 24 conversations x 8 turns sharing a "
-        "512-token system prompt, prompts growing by 512 tokens a turn), token-id completions",
-        levels={"moderate": 1.0, "knee": 2.0}, n={"moderate": 120, "knee": 120},
-        quick_n={"moderate": 120, "knee": 120}),
-    "random": random_workload(1024, 16, levels={"moderate": 1.0, "knee": 3.0},
-                              n={"moderate": 90, "knee": 150}, quick_n={"moderate": 90, "knee": 120}),
+    "multi_turn": resized(REAL_WORKLOADS["multi_turn"], levels={"moderate": 1.0, "knee": 2.0},
+                          n={"moderate": 120, "knee": 120}, quick_n={"moderate": 120, "knee": 120}),
+    "random": resized(REAL_WORKLOADS["random"], levels={"moderate": 1.0, "knee": 3.0},
+                      n={"moderate": 90, "knee": 150}, quick_n={"moderate": 90, "knee": 120}),
 }
 ENGINES = "sim"
 ENGINE_ENV: dict[str, str] = {}  # --engine-env: more environment for the real engines

@@ -16,8 +16,13 @@ thread_local! {
     static UNDER_FLEET_LOCK: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Runs `f` marked as holding the fleet lock (the caller holds it).
+/// Runs `f` marked as holding the fleet lock (the caller holds it). Only
+/// debug builds read the mark, so release builds skip it: this runs on every
+/// routing decision.
 pub(crate) fn with_fleet_lock_marked<R>(f: impl FnOnce() -> R) -> R {
+    if !cfg!(debug_assertions) {
+        return f();
+    }
     /// Clears the mark however `f` ends, panics included.
     struct Unmark(bool);
     impl Drop for Unmark {

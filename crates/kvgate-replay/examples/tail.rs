@@ -26,6 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     fleet.replicas = 4;
     fleet.engine.num_gpu_blocks = 4096;
     fleet.engine.num_cpu_blocks = 0;
+    let bs = fleet.engine.block_size;
     let opts = RunOptions { fleet, router, seed: 42, jobs: 1 };
     let none = OracleHitRates { oracle: 0.0, ceiling: 0.0, ttft_floor_ms: None };
     let (summary, fleet) = run_policy_fleet(&w, policy, scale, &opts, none, &|_| ())?;
@@ -68,8 +69,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.arrival.as_secs_f64(),
             r.replica.map_or(-1, |x| x as i64),
             r.prompt_tokens,
-            r.best_indexed_blocks * 16,
-            r.routed_cached_blocks * 16,
+            r.best_indexed_blocks * bs,
+            r.routed_cached_blocks * bs,
             r.cached_tokens,
             pred,
             ttft,
