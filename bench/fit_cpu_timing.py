@@ -19,8 +19,15 @@ client, one request at a time:
   (T up to 2,048, the CPU engine's default per-step token budget, so one
   step each), fitted by least squares to a·T² + b·T + c;
 - decode: the mean inter-token time of n concurrent streams (n = 1 … 16),
-  fitted to d + e·n.
-It prints the coefficients as the preset's fields and writes the raw samples.
+  fitted to d + e·n;
+- prefill context: the TTFT of T = 128 or 512 new tokens after a cached
+  prefix of C = 512 … 6,016 tokens, whose excess over the fresh-prompt fit
+  is fitted to k·T·C (the new tokens' attention over the cached ones);
+- decode context: the inter-token time of one stream after a prompt of
+  C = 64 … 6,016 tokens, whose slope over C is k'.
+It checks the fit against a cold 8,000-token prompt (four chunks, each
+attending over the ones before it), prints the coefficients as the
+preset's fields and writes the raw samples.
 """
 
 import argparse
@@ -69,13 +76,13 @@ def ttft(url, prompt):
     return first
 
 
-def itl(url, n, rng, out_tokens=48):
-    """Mean inter-token time over n concurrent streams."""
+def itl(url, n, rng, out_tokens=48, prompt_tokens=64):
+    """Mean inter-token time over n concurrent streams of `prompt_tokens`-token prompts."""
     gaps = []
     lock = threading.Lock()
 
     def one():
-        prompt = [rng.randrange(1000, 150000) for _ in range(64)]
+        prompt = [rng.randrange(1000, 150000) for _ in range(prompt_tokens)]
         conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]), timeout=120)
         conn.request("POST", "/v1/completions", body=json.dumps(
             {"model": MODEL, "prompt": prompt, "max_tokens": out_tokens, "stream": True,
@@ -144,12 +151,13 @@ def main():
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
     with open(out_path, "w") as f:
         json.dump(report, f, indent=1)
-    shown = report if args.costs else {k: report[k] for k in ("fit", "prefill_residual_ms")}
+    shown = report if args.costs else {k: report[k] for k in ("fit", "prefill_residual_ms", "context_residual_ms", "cold_8000_ms")}
     print(json.dumps(shown, indent=1))
 
 
 def fit_samples(url, repeat, rng):
-    """The step model fitted to fresh prompts' TTFT and concurrent streams' ITL, with its samples."""
+    """The step model fitted to fresh prompts' TTFT, concurrent streams' ITL
+    and both over cached context, with its samples and a cold 8,000-token check."""
     pre = []
     for _ in range(repeat):
         for t in (64, 256, 512, 1024, 1536, 2048):
@@ -159,16 +167,56 @@ def fit_samples(url, repeat, rng):
     for _ in range(max(2, repeat // 2)):
         for n in (1, 2, 4, 8, 16):
             dec.append((n, itl(url, n, rng) * 1000))
-    c, b, a = lstsq([t for t, _ in pre], [y for _, y in pre], 2)
+    ctx = []  # (new tokens, cached tokens, ms)
+    for _ in range(repeat):
+        for c in (512, 2048, 4096, 6016):  # multiples of the 32-token block
+            for t in (128, 512):
+                p = [rng.randrange(1000, 150000) for _ in range(c + t)]
+                ttft(url, p)  # caches the prefix
+                p[c:] = [rng.randrange(1000, 150000) for _ in range(t)]
+                ctx.append((t, c, ttft(url, p) * 1000))
+    dctx = []  # (prompt tokens, ms per output token), one stream
+    for _ in range(max(2, repeat // 2)):
+        for c in (64, 2048, 4096, 6016):
+            dctx.append((c, itl(url, 1, rng, prompt_tokens=c) * 1000))
+    cold8k = [ttft(url, [rng.randrange(1000, 150000) for _ in range(8000)]) * 1000 for _ in range(max(2, repeat // 2))]
+    c0, b, a = lstsq([t for t, _ in pre], [y for _, y in pre], 2)
     d, e = lstsq([n for n, _ in dec], [y for _, y in dec], 1)
-    fit = {"prefill_quadratic_ms": a, "prefill_linear_ms": b, "prefill_const_ms": c,
+
+    def fresh(t):
+        return a * t * t + b * t + c0
+
+    # Least squares through the origin for the excess over the fresh fit.
+    xs = [t * c for t, c, _ in ctx]
+    k = sum(x * (y - fresh(t)) for x, (t, _, y) in zip(xs, ctx)) / sum(x * x for x in xs)
+    # The slope of one stream's inter-token time over its context (a
+    # stream's context grows while it decodes: count the middle of its
+    # output); its intercept is the concurrent fit's business.
+    _, kd = lstsq([c + 28 for c, _ in dctx], [y for _, y in dctx], 1)
+    kd = max(0.0, kd)
+    fit = {"prefill_quadratic_ms": a, "prefill_linear_ms": b, "prefill_const_ms": c0,
            "decode_quadratic_ms": 0.0, "decode_linear_ms": 0.0, "decode_const_ms": d,
-           "decode_per_seq_ms": e}
-    resid = [y - (a * t * t + b * t + c) for t, y in pre]
+           "decode_per_seq_ms": e, "prefill_context_ms": k, "decode_context_ms": kd}
+
+    def chunked(n, kk, chunk=2048):
+        done, ms = 0, 0.0
+        while done < n:
+            t = min(chunk, n - done)
+            ms += fresh(t) + kk * t * done
+            done += t
+        return ms
+
+    resid = [y - fresh(t) for t, y in pre]
+    cresid = [y - fresh(t) - k * t * c for t, c, y in ctx]
     return {"fit": fit, "prefill_samples_ms": pre, "decode_samples_ms": dec,
+            "context_samples_ms": ctx, "decode_context_samples_ms": dctx,
             "prefill_residual_ms": {"mean_abs": statistics.mean(abs(r) for r in resid),
                                     "max_abs": max(abs(r) for r in resid)},
-            "prefill_tokens_per_s_at_2048": 2048 / ((a * 2048 * 2048 + b * 2048 + c) / 1000)}
+            "context_residual_ms": {"mean_abs": statistics.mean(abs(r) for r in cresid),
+                                    "max_abs": max(abs(r) for r in cresid)},
+            "cold_8000_ms": {"measured_median": statistics.median(cold8k), "model": chunked(8000, k),
+                             "model_without_context": chunked(8000, 0.0)},
+            "prefill_tokens_per_s_at_2048": 2048 / (fresh(2048) / 1000)}
 
 if __name__ == "__main__":
     main()

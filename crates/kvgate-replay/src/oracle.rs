@@ -142,12 +142,18 @@ pub struct FloorModel {
 }
 
 impl FloorModel {
-    /// Milliseconds to prefill `uncached` tokens alone: full chunks of the
-    /// step budget, then the rest; the first token comes with the last.
-    pub fn prefill_alone_ms(&self, uncached: u64) -> f64 {
+    /// Milliseconds to prefill `uncached` tokens alone after `cached` ones:
+    /// full chunks of the step budget, then the rest, each attending over
+    /// what precedes it; the first token comes with the last.
+    pub fn prefill_alone_ms(&self, cached: u64, uncached: u64) -> f64 {
         let chunk = u64::from(self.max_num_batched_tokens.max(1));
-        let (full, rest) = (uncached / chunk, uncached % chunk);
-        full as f64 * self.timing.prefill_ms(chunk) + self.timing.prefill_ms(rest)
+        let (mut done, mut ms) = (cached, 0.0);
+        while done < cached + uncached {
+            let n = chunk.min(cached + uncached - done);
+            ms += self.timing.prefill_after_ms(n, n * done);
+            done += n;
+        }
+        ms
     }
 }
 
@@ -198,7 +204,7 @@ pub fn oracle_hit_rates_of(
         let hit = hit_tokens(prefix_len(&keys, |k| lru.contains(k)), tokens.len(), block_size);
         lru_hits += hit;
         if let Some(f) = floor {
-            floor_ms += f.prefill_alone_ms(tokens.len() as u64 - hit);
+            floor_ms += f.prefill_alone_ms(hit, tokens.len() as u64 - hit);
         }
         ceiling_hits +=
             hit_tokens(prefix_len(&keys, |k| seen.contains(&k)), tokens.len(), block_size);
@@ -299,12 +305,21 @@ mod tests {
                 decode_linear_ms: 0.0,
                 decode_const_ms: 0.0,
                 decode_per_seq_ms: 0.0,
+                prefill_context_ms: 0.0,
+                decode_context_ms: 0.0,
             },
             max_num_batched_tokens: 512,
         };
-        assert_eq!(f.prefill_alone_ms(1024), 2.0 * 515.0);
-        assert_eq!(f.prefill_alone_ms(1), 4.0);
-        assert_eq!(f.prefill_alone_ms(0), 0.0);
+        assert_eq!(f.prefill_alone_ms(0, 1024), 2.0 * 515.0);
+        assert_eq!(f.prefill_alone_ms(1023, 1), 4.0);
+        assert_eq!(f.prefill_alone_ms(5, 0), 0.0);
+        // A context term charges each chunk for the tokens before it.
+        let ctx = FloorModel {
+            timing: kvgate_sim::TimingModel { prefill_context_ms: 0.001, ..f.timing.clone() },
+            ..f.clone()
+        };
+        let pairs = 512.0 * 100.0 + 512.0 * 612.0;
+        assert!((ctx.prefill_alone_ms(100, 1024) - (2.0 * 515.0 + 0.001 * pairs)).abs() < 1e-9);
         let b = oracle_hit_rates(&w, 16, 1 << 20, Some(&f));
         assert_eq!(b.ttft_floor_ms, Some((1030.0 + 4.0 + 1030.0) / 3.0));
         assert_eq!(b.oracle, unlimited.oracle);

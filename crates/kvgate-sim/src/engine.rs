@@ -43,6 +43,7 @@ use crate::error::SimError;
 use crate::hash::{BlockHasher, CacheIdentity, Hash32};
 use crate::lora::{load_time_ms, LoraSlots};
 use crate::pool::{BlockMeta, CpuTier, GpuPool};
+use crate::timing::StepWork;
 
 /// Caller-chosen request identity (the HTTP shell maps its string ids).
 pub type RequestId = u64;
@@ -696,31 +697,32 @@ impl Engine {
             out.lora_loads = self.loras.activate(&batch);
         }
 
-        // Timing: prefill tokens vs decoding sequences in this batch.
+        // Timing: prefill tokens vs decoding sequences in this batch, and
+        // the context each one attends over (`num_computed` is still the
+        // count before this step: cached prefix, earlier chunks, outputs).
+        let mut work = StepWork::default();
         for s in &scheduled {
-            let decoding = s.num_new == 1
-                && self
-                    .requests
-                    .get(&s.id)
-                    .is_some_and(|r| r.num_output > 0 && r.num_computed + 1 == r.tokens.len());
+            let Some(r) = self.requests.get(&s.id) else { continue };
+            let context = r.num_computed as u64;
+            let decoding =
+                s.num_new == 1 && r.num_output > 0 && r.num_computed + 1 == r.tokens.len();
             if decoding {
-                out.decode_seqs += 1;
+                work.decode_seqs += 1;
+                work.decode_context_tokens += context;
             } else {
-                out.prefill_tokens += s.num_new as u64;
+                work.prefill_tokens += s.num_new as u64;
+                work.prefill_context_pairs += s.num_new as u64 * context;
             }
         }
+        out.prefill_tokens = work.prefill_tokens;
+        out.decode_seqs = work.decode_seqs;
         out.num_scheduled = scheduled.len();
-        let kv_fraction = self.gpu.num_used() as f64 / self.gpu.num_blocks() as f64;
-        let mut load_ms = load_blocks as f64 * self.config.cpu_load_ms_per_block;
+        work.kv_fraction = self.gpu.num_used() as f64 / self.gpu.num_blocks() as f64;
+        work.extra_ms = load_blocks as f64 * self.config.cpu_load_ms_per_block;
         if out.lora_loads > 0 {
-            load_ms += load_time_ms(out.lora_loads, self.config.lora_load_ms);
+            work.extra_ms += load_time_ms(out.lora_loads, self.config.lora_load_ms);
         }
-        out.duration = self.config.timing.step_duration(
-            out.prefill_tokens,
-            kv_fraction,
-            out.decode_seqs,
-            load_ms,
-        );
+        out.duration = self.config.timing.step_duration(&work);
 
         // 3. Execute: advance progress, sample tokens, finish requests.
         let done_at = now.saturating_add(out.duration);

@@ -44,4 +44,4 @@ pub use error::SimError;
 pub use hash::{BlockHasher, CacheIdentity};
 pub use request_stats::{FinishedRequest, StepRecord, Tracker};
 pub use timeline::Timeline;
-pub use timing::TimingModel;
+pub use timing::{StepWork, TimingModel};

