@@ -20,10 +20,12 @@ and live (docs/peers.md, "Long agent contexts"):
     bash bench/peers.sh --workloads timed_trace --trace /tmp/long-agentic-1.jsonl --levels knee
 
 The real-engine bench's long agentic trace (`bench/peers.sh --engines real
---preset gpu_like`, workload `long_agentic`) is the same shape sized to
-engines of 512 blocks of 32 tokens and an 8,192-token context:
+--preset gpu_like`, workload `long_agentic`) is the same shape sized to two
+CPU engines of 512 blocks of 32 tokens, on which a cold 4k-token prompt
+takes about 2 s (173 requests over 238 s, prompts of 0.8k-6k tokens, median
+3.1k):
 
-    python3 bench/make_agent_trace.py --seed 1 --prefix-min 1024 --prefix-max 4096 --max-prompt 7680 \
+    python3 bench/make_agent_trace.py --seed 1 --prefix-min 1024 --prefix-max 2048 --max-prompt 4096 \
         --output-median 48 --duration 240 > bench/traces/real-long-agentic.jsonl
 
 Format (Mooncake FAST'25 traces): one JSON object per line, `timestamp` (ms
