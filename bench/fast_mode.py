@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Fast mode for the live peer bench's cells (issue 17: live mean TTFT within
-1.5x of fast mode's on the same trace, fleet and model-time rate).
+"""Fast mode for the live peer bench's cells: how far live mean TTFT is from
+fast mode's on the same trace, fleet and model-time rate.
 
 For each workload and level of bench/peers.py this writes the workload as a
 Mooncake trace (the timed trace as it is; `prefix_repetition` and `random`

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The live peer benchmark (issue 17): kvgate against the real peer routers.
+"""The live peer benchmark: kvgate against the real peer routers.
 
 Run it through `bash bench/peers.sh [options]`, which makes the bench's
 virtual environment (.cache/bench/venv, Python 3.11) and runs this script with
@@ -44,7 +44,7 @@ BUILT_KVGATE = ROOT / "target" / "release" / "kvgate"
 KVGATE = BUILT_KVGATE  # replaced by a private copy in ensure_kvgate()
 MODEL = "Qwen/Qwen3-0.6B"
 
-# Pinned peers and the client (issue 17). Verified after install, before any run.
+# Pinned peers and the client. Verified after install, before any run.
 PINS = {"vllm": "0.33.0", "vllm-router": "0.1.17", "smg": "1.13.0"}
 DYNAMO_PIN = {"ai-dynamo": "1.6.1"}
 # --diagnose: kvgate keeps and saves every routing decision of a run.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The dashboard's browser test (issue 10): headless Chromium from Debian's
+# The dashboard's browser test: headless Chromium from Debian's
 # packages, driven by playwright-core from the npm registry, against a real
 # `kvgate serve` with its embedded simulated replicas. Installs Chromium when
 # missing (as root, as CI runs), builds kvgate unless KVGATE_BIN names one,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long fault runs (issue 8): the fault suite of crates/kvgate/tests/faults.rs
+# The long fault runs: the fault suite of crates/kvgate/tests/faults.rs
 # with KVGATE_FAULT_SCALE times the traffic, ROUNDS times over, in release mode.
 # Prints each test's measured line and a pass/fail count per test; the log
 # goes to .cache/long-faults.log. Record the results in docs/reliability.md.

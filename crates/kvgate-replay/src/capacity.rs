@@ -1,4 +1,4 @@
-//! The acceptance fleet (issue 7) and where its KV capacity comes from.
+//! The acceptance fleet and where its KV capacity comes from.
 //!
 //! Each replica is one Qwen3-32B pod as in llm-d's public benchmark (the
 //! source of the `llmd_qwen3_32b` timing preset): tensor parallel over two

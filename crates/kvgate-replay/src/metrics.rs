@@ -147,7 +147,7 @@ pub struct DisaggSummary {
 /// One kind of plan's mean TTFT as measured and as the routers predicted it
 /// when they planned (a split: prefill hop plus decode hop). Where they part,
 /// the cost model misses something: on a decode pool short of KV memory,
-/// the wait for free blocks (docs/benchmarks.md, issue 24).
+/// the wait for free blocks (docs/benchmarks.md, "Prefill/decode disaggregation").
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct PlanTtft {
     /// Requests of this plan that got a first token.

@@ -1,4 +1,4 @@
-//! The physical bounds no router can beat (issue 7):
+//! The physical bounds no router can beat:
 //!
 //! - the **oracle**: one pooled LRU cache with the whole fleet's capacity
 //!   (GPU + CPU blocks of every replica), as if a perfect router could put
@@ -7,8 +7,8 @@
 //!   stays);
 //! - the **TTFT floor**: each request served alone on a replica that holds
 //!   its oracle prefix, with nothing queued or decoding: only its uncached
-//!   tokens' prefill, in `max_num_batched_tokens` chunks, on the engines'
-//!   timing model (issue 18).
+//!   tokens' prefill, in `max_num_batched_tokens` chunks (each attending over
+//!   what precedes it), on the engines' timing model.
 //!
 //! Both process requests in arrival order and count hits as the engine does:
 //! the longest run of cached prompt blocks from the start, capped one token

@@ -1,4 +1,4 @@
-//! Model pools in a replay (issue 23): each pool's own oracle, and what a
+//! Model pools in a replay: each pool's own oracle, and what a
 //! run did per pool and with LoRA adapters.
 //!
 //! A pool only ever serves its model's requests, with only its replicas'

@@ -1,4 +1,4 @@
-//! The scoreboard of `kvgate replay --suite` (issue 18): per workload and
+//! The scoreboard of `kvgate replay --suite`: per workload and
 //! load level, each policy's metrics as ratios to the best policy's, so one
 //! table says where `kv_aware` leads and where it does not.
 

@@ -10,7 +10,7 @@
 //! 20 µs without the index lookup, and within the index's own 20 µs lookup
 //! target with it.
 //!
-//! Issue 18 adds long prompts and large fleets (the same construction, one
+//! It also runs long prompts and large fleets (the same construction, one
 //! replica holding each prompt whole): 2,048 and 8,192 blocks on 64
 //! replicas, and 256 blocks on 1,024 replicas. Targets, p99 of `kv_aware`
 //! with matches given: ≤ 20 µs, ≤ 50 µs and ≤ 30 µs.

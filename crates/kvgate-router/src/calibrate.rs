@@ -22,8 +22,8 @@
 //! replace the TTFT samples for the prefill line: each report interval gives
 //! one sample, the mean prefill seconds against the mean computed tokens of
 //! the requests that finished in it, and the mean inter-token latency gives
-//! the decode step. Issue 17 measured why: on four identical live replicas
-//! the TTFT fit reported 5.9k–60k tokens/s for a true 63.6k.
+//! the decode step, because on four identical live replicas the TTFT fit
+//! reported 5.9k–60k tokens/s for a true 63.6k.
 
 use std::collections::VecDeque;
 
@@ -277,7 +277,7 @@ pub(crate) struct EngineSample {
 /// The engine samples of every replica pooled: what a replica without
 /// enough samples of its own is assumed to do. Replicas of one fleet are
 /// usually the same hardware; a prior from the config can be off by the
-/// whole gap between model and GPU (issue 17: 4× on a sped-up sim), and
+/// whole gap between model and GPU (4× on a sped-up sim), and
 /// replicas calibrated at different speeds route as if they differed.
 #[derive(Clone, Debug)]
 pub(crate) struct FleetCalibration {
@@ -288,8 +288,8 @@ pub(crate) struct FleetCalibration {
     /// Without it, the replicas that served first were fitted from their
     /// TTFTs while the others kept the prior (4x slower on the live bench's
     /// sped-up sims), so the first ones looked twice as fast and took every
-    /// request of a startup burst, queued behind each other (issue 17's
-    /// random cell: its p99 was those requests).
+    /// request of a startup burst, queued behind each other (on the live
+    /// bench's no-reuse cell, its p99 was those requests).
     ttft_prefill: RobustLine,
     /// Seconds a LoRA adapter load adds before the prefill, from the TTFTs
     /// of requests routed where the adapter had no slot (the residual once

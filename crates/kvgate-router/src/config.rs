@@ -140,7 +140,7 @@ pub struct CostModelConfig {
     /// milliseconds because what it stands for, preempted sequences
     /// recomputed, takes longer on a slower engine: a fixed time would weigh
     /// four times as much against every other term on an engine four times
-    /// faster (issue 17). 32,000 is 2 s at the 16k tokens/s prior.
+    /// faster. 32,000 is 2 s at the 16k tokens/s prior.
     pub kv_pressure_tokens: f64,
     /// Weight of the fleet-wide prefill work a choice adds (its uncached
     /// tokens), as a multiple of their prefill time: the delay they cause the

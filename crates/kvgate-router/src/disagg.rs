@@ -48,7 +48,7 @@ pub enum DisaggMode {
     /// so puts the prefill pool's KV memory to use when the decode pool is
     /// short of it (half the GPUs hold every decoding sequence otherwise),
     /// at the cost of ITL: measured, it trades TTFT for ITL
-    /// (docs/benchmarks.md, issue 24), so it is off by default.
+    /// (docs/benchmarks.md, "Prefill/decode disaggregation"), so it is off by default.
     Conditional {
         /// A prefill replica may serve a request whole.
         whole_on_prefill: bool,

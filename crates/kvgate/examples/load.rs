@@ -1,4 +1,4 @@
-//! Load and soak (issue 8): open-loop Poisson traffic against `kvgate serve`
+//! Load and soak: open-loop Poisson traffic against `kvgate serve`
 //! in front of 8 simulated replicas, on this machine.
 //!
 //! Every arrival is a streamed chat (one of 16 system prompts of ~300

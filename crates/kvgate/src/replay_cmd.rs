@@ -19,7 +19,7 @@ use kvgate_router::{PolicyKind, RouterConfig};
 use crate::progress::Progress;
 use kvgate_sim::TimingModel;
 
-/// The policies compared by default: kv_aware and the baselines of issue 7.
+/// The policies compared by default: kv_aware and its baselines.
 const DEFAULT_POLICIES: &str =
     "kv_aware,linear_blocks,approx_prefix,least_load,power_of_two,round_robin";
 
@@ -43,7 +43,7 @@ pub(crate) enum Format {
     Messages,
 }
 
-/// `kvgate replay`. The default fleet is issue 7's acceptance fleet: 8
+/// `kvgate replay`. The default fleet is the acceptance fleet: 8
 /// replicas of the calibrated Qwen3-32B preset, 16-token blocks, GPU blocks
 /// derived from the model's KV bytes per token (docs/sim.md), a CPU tier of 4×.
 #[derive(Clone, Debug, Args)]
@@ -176,7 +176,7 @@ pub(crate) struct ReplayArgs {
     /// the spawned kvgate instances.
     #[arg(long = "set", value_name = "router.KEY=VALUE")]
     pub(crate) set: Vec<String>,
-    /// Run issue 18's acceptance suite instead of one workload: both Mooncake traces
+    /// Run the fixed acceptance suite instead of one workload: both Mooncake traces
     /// (from --suite-traces), synthetic chat, agentic and noreuse, each at least_load's
     /// --levels found by `--sweep-rate auto`, every --policies entry; prints one
     /// scoreboard of ratios to the best policy (--json: every report and the scoreboard).

@@ -1,4 +1,4 @@
-//! `kvgate replay --suite`: issue 18's fixed acceptance suite in fast mode.
+//! `kvgate replay --suite`: the fixed acceptance suite in fast mode.
 //! Both Mooncake traces, synthetic chat, agentic and noreuse; each at
 //! least_load's `--levels` (found by `--sweep-rate auto`) with every
 //! `--policies` entry; then one scoreboard of every metric as a ratio to the

@@ -41,7 +41,7 @@ pub struct DisaggConfig {
     /// that costs the fleet least (vLLM's NIXL engines run `kv_role =
     /// "kv_both"` and serve plain requests). Off by default: it puts the
     /// prefill pool's memory to use when the decode pool lacks it, but it
-    /// gives up disaggregation's ITL (docs/benchmarks.md, issue 24).
+    /// gives up disaggregation's ITL (docs/benchmarks.md, "Prefill/decode disaggregation").
     pub whole_on_prefill: bool,
 }
 

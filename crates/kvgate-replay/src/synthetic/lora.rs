@@ -1,5 +1,5 @@
 //! `synthetic:lora`: chat sessions spread over several base models and
-//! their LoRA adapters (issue 23). What it is for: a fleet split into one
+//! their LoRA adapters. What it is for: a fleet split into one
 //! pool per base model, where each replica holds only `max_loras` adapters
 //! in GPU slots, so where a request goes decides both its cache reuse and
 //! whether its adapter has to be loaded.
