@@ -22,7 +22,7 @@ use crate::capacity::{capacity_slack, enforce_capacity};
 use crate::holders::{lose_tier, Holders};
 use crate::index::{clear_slot, Index};
 use crate::keys::{chain_key, BlockKey, ROOT_KEY};
-use crate::replica::{EngineEntry, EngineHash, Replica, SEQ_LIMIT};
+use crate::replica::{EngineEntry, Replica, SEQ_LIMIT};
 use crate::replica_id::ReplicaId;
 use crate::stats::ApplyOutcome;
 use crate::Tier;
@@ -125,7 +125,7 @@ fn apply_stored(
     }
     let mut key = match &stored.parent_block_hash {
         None => ROOT_KEY,
-        Some(parent) => match resolve(replica, EngineHash::new(parent.fold_u64()), now) {
+        Some(parent) => match resolve(replica, parent.fold_u64(), now) {
             Some(key) => key,
             None => {
                 outcome.anomalies.unknown_parent += 1;
@@ -155,7 +155,7 @@ fn apply_stored(
         // key the GPU event gave it: vLLM 0.33's connector sends chunk stores
         // without extra keys ("deferred" in `offloading/events.py`), so a
         // recomputed key would drop the cache salt or the LoRA key.
-        key = match (tier, resolve(replica, EngineHash::new(engine), now)) {
+        key = match (tier, resolve(replica, engine, now)) {
             (Tier::Cpu | Tier::Storage, Some(known)) => known,
             _ => chain_key(key, tokens, lora_name, extra_keys.get(i)),
         };
@@ -178,41 +178,37 @@ fn store_block(
     outcome: &mut ApplyOutcome,
 ) {
     let tier_bit = 1u8 << (tier as u8);
-    match replica.entries.entry(EngineHash::new(engine)) {
-        Entry::Occupied(mut occupied) => {
-            let entry = occupied.get_mut();
-            if entry.key() == key {
-                if entry.tiers() & tier_bit == 0 {
-                    entry.set(entry.tiers() | tier_bit, bump_seq(&mut replica.next_seq));
-                    gain_tier(holders, &mut replica.extra_holds, key, slot, tier);
-                    replica.counts[tier as usize] += 1;
-                } else {
-                    count_repeat(&mut replica.repeats, engine, tier);
-                }
-            } else {
-                // Same engine hash, other contents: the newer store wins, and
-                // the old contents' announcements go with them.
-                outcome.anomalies.hash_conflict += 1;
-                for old_tier in [Tier::Cpu, Tier::Storage] {
-                    replica.repeats.remove(&(engine, old_tier as u8));
-                }
-                let (old_key, old_tiers) = (entry.key(), entry.tiers());
-                for old_tier in Tier::ALL {
-                    if old_tiers & (1 << old_tier as u8) != 0 {
-                        lose_tier(holders, &mut replica.extra_holds, old_key, slot, old_tier);
-                        replica.counts[old_tier as usize] -= 1;
-                    }
-                }
-                *entry = EngineEntry::new(key, tier_bit, bump_seq(&mut replica.next_seq));
-                gain_tier(holders, &mut replica.extra_holds, key, slot, tier);
-                replica.counts[tier as usize] += 1;
-            }
-        }
-        Entry::Vacant(vacant) => {
-            vacant.insert(EngineEntry::new(key, tier_bit, bump_seq(&mut replica.next_seq)));
+    let fresh = EngineEntry::new(engine, key, tier_bit, replica.next_seq);
+    let (entry, inserted) = replica.entries.get_or_insert(fresh);
+    if inserted {
+        bump_seq(&mut replica.next_seq);
+        gain_tier(holders, &mut replica.extra_holds, key, slot, tier);
+        replica.counts[tier as usize] += 1;
+    } else if entry.key() == key {
+        if entry.tiers() & tier_bit == 0 {
+            entry.set(entry.tiers() | tier_bit, bump_seq(&mut replica.next_seq));
             gain_tier(holders, &mut replica.extra_holds, key, slot, tier);
             replica.counts[tier as usize] += 1;
+        } else {
+            count_repeat(&mut replica.repeats, engine, tier);
         }
+    } else {
+        // Same engine hash, other contents: the newer store wins, and the old
+        // contents' announcements go with them.
+        outcome.anomalies.hash_conflict += 1;
+        for old_tier in [Tier::Cpu, Tier::Storage] {
+            replica.repeats.remove(&(engine, old_tier as u8));
+        }
+        let (old_key, old_tiers) = (entry.key(), entry.tiers());
+        for old_tier in Tier::ALL {
+            if old_tiers & (1 << old_tier as u8) != 0 {
+                lose_tier(holders, &mut replica.extra_holds, old_key, slot, old_tier);
+                replica.counts[old_tier as usize] -= 1;
+            }
+        }
+        *entry = EngineEntry::new(engine, key, tier_bit, bump_seq(&mut replica.next_seq));
+        gain_tier(holders, &mut replica.extra_holds, key, slot, tier);
+        replica.counts[tier as usize] += 1;
     }
     outcome.blocks_stored += 1;
 }
@@ -229,8 +225,7 @@ fn apply_placeholder(
     now: Instant,
     outcome: &mut ApplyOutcome,
 ) {
-    let hash = EngineHash::new(engine);
-    let key = match replica.entries.get(&hash) {
+    let key = match replica.entries.get(engine) {
         Some(entry) => entry.key(),
         None => match replica.recent.get(engine, now) {
             Some(key) => key,
@@ -246,10 +241,10 @@ fn apply_placeholder(
 
 /// The content key of an engine hash the replica holds, or removed within
 /// the last [`RECENT_TTL`](crate::RECENT_TTL).
-fn resolve(replica: &mut Replica, hash: EngineHash, now: Instant) -> Option<BlockKey> {
-    match replica.entries.get(&hash) {
+fn resolve(replica: &mut Replica, hash: u64, now: Instant) -> Option<BlockKey> {
+    match replica.entries.get(hash) {
         Some(entry) => Some(entry.key()),
-        None => replica.recent.get(hash.as_u64(), now),
+        None => replica.recent.get(hash, now),
     }
 }
 
@@ -276,12 +271,10 @@ fn apply_removed(
     let tier = Medium::tier(removed.medium.as_ref());
     let tier_bit = 1u8 << (tier as u8);
     for hash in &removed.block_hashes {
-        let engine = EngineHash::new(hash.fold_u64());
-        match replica.entries.get_mut(&engine) {
+        let engine = hash.fold_u64();
+        match replica.entries.get_mut(engine) {
             Some(entry) if entry.tiers() & tier_bit != 0 => {
-                if let Entry::Occupied(mut repeats) =
-                    replica.repeats.entry((engine.as_u64(), tier as u8))
-                {
+                if let Entry::Occupied(mut repeats) = replica.repeats.entry((engine, tier as u8)) {
                     // Another chunk still announces this block in this tier.
                     *repeats.get_mut() -= 1;
                     if *repeats.get() == 0 {
@@ -293,8 +286,8 @@ fn apply_removed(
                 let tiers = entry.tiers() & !tier_bit;
                 entry.set_tiers(tiers);
                 if tiers == 0 {
-                    replica.entries.remove(&engine);
-                    replica.recent.remember(engine.as_u64(), key, now);
+                    replica.entries.remove(engine);
+                    replica.recent.remember(engine, key, now);
                 }
                 lose_tier(holders, &mut replica.extra_holds, key, slot, tier);
                 replica.counts[tier as usize] -= 1;

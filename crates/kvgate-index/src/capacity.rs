@@ -11,7 +11,7 @@
 //! `over_capacity_evictions` anomaly, because it means removals went missing.
 
 use crate::holders::{lose_tier, Holders};
-use crate::replica::{EngineHash, Replica};
+use crate::replica::Replica;
 use crate::Tier;
 
 /// Capacity of a tier whose [`ReplicaSpec`](crate::ReplicaSpec) says `None`:
@@ -47,11 +47,11 @@ pub(crate) fn enforce_capacity(
         return 0;
     }
     let tier_bit = 1u8 << (tier as u8);
-    let mut oldest: Vec<(u32, EngineHash)> = replica
+    let mut oldest: Vec<(u32, u64)> = replica
         .entries
         .iter()
-        .filter(|(_, entry)| entry.tiers() & tier_bit != 0)
-        .map(|(hash, entry)| (entry.seq(), *hash))
+        .filter(|entry| entry.tiers() & tier_bit != 0)
+        .map(|entry| (entry.seq(), entry.hash()))
         .collect();
     let excess = (held - capacity) as usize;
     if excess < oldest.len() {
@@ -60,15 +60,15 @@ pub(crate) fn enforce_capacity(
     }
     let mut evicted = 0;
     for (_, hash) in oldest {
-        let Some(entry) = replica.entries.get_mut(&hash) else { continue };
+        let Some(entry) = replica.entries.get_mut(hash) else { continue };
         // Every announcement goes: the removals that would have taken them
         // back are what went missing.
-        replica.repeats.remove(&(hash.as_u64(), tier as u8));
+        replica.repeats.remove(&(hash, tier as u8));
         let key = entry.key();
         let tiers = entry.tiers() & !tier_bit;
         entry.set_tiers(tiers);
         if tiers == 0 {
-            replica.entries.remove(&hash);
+            replica.entries.remove(hash);
         }
         lose_tier(holders, &mut replica.extra_holds, key, slot, tier);
         replica.counts[tier as usize] -= 1;

@@ -4,12 +4,15 @@
 //! keyed by the block key for group 0 and by a mix of (key, group) for groups
 //! 1 and up; a fleet of up to 64 replicas never pays for groups it lacks.
 //!
-//! The main map carries the GPU and CPU masks in a 24-byte entry. Storage
-//! residency (vLLM 0.26+ FS/OBJ/STORAGE connectors) is rarer, so its masks
-//! live in a side map that is consulted only when it is non-empty and the
-//! main entry alone cannot decide. A key costs 24 bytes instead of 32 in the
-//! common case, which matters because every key a single replica holds pays
-//! one entry here.
+//! The main map carries the GPU and CPU holders of a (key, group) in a
+//! 12-byte [`HolderEntry`] of a [`DenseMap`]: the group key and one `u32`
+//! that holds the one replica and its tiers inline when a single replica of
+//! the group holds the key (always, for content nobody shares), or else
+//! points at a [GPU mask, CPU mask] pair in a side vector. Storage residency
+//! (vLLM 0.26+ FS/OBJ/STORAGE connectors) is rarer, so its masks live in a
+//! side map that is consulted only when it is non-empty and the main entry
+//! alone cannot decide. Every key a single replica holds pays one entry
+//! here, so the entry's size is a large part of the index's memory.
 //!
 //! The group mix XORs the key with a per-group odd constant. For one group it
 //! is a bijection; across groups a collision needs two random 64-bit keys to
@@ -20,7 +23,9 @@ use std::collections::hash_map::Entry;
 
 use rustc_hash::FxHashMap;
 
+use crate::dense::{DenseMap, Keyed};
 use crate::keys::BlockKey;
+use crate::stats::map_bytes;
 use crate::Tier;
 
 /// The replica in `slot` holds `key` in `tier` through one engine hash fewer.
@@ -47,11 +52,99 @@ pub(crate) fn lose_tier(
 /// Replica slots per holder entry.
 pub(crate) const GROUP_SLOTS: usize = 64;
 
-/// The map itself plus the bookkeeping for `distinct_keys`.
+/// `HolderEntry::holders` points into the side vector of masks.
+const SPILLED: u32 = 1 << 31;
+/// Inline holders: the replica's GPU and CPU bits, above its 6-bit slot.
+const INLINE_GPU: u32 = 1 << 6;
+const INLINE_CPU: u32 = 1 << 7;
+
+/// The GPU and CPU holders of one (key, group); see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct HolderEntry {
+    /// The group key, in `u32` halves for 4-byte alignment.
+    key: [u32; 2],
+    /// Inline (`SPILLED` clear): the holder's slot in the group (bits 0–5)
+    /// and its tiers (`INLINE_GPU`, `INLINE_CPU`). Spilled: an index into
+    /// `Spill::masks`.
+    holders: u32,
+}
+
+impl Keyed for HolderEntry {
+    #[inline]
+    fn map_key(&self) -> u64 {
+        u64::from(self.key[0]) | (u64::from(self.key[1]) << 32)
+    }
+}
+
+/// [GPU mask, CPU mask] pairs of (key, group)s held by several replicas,
+/// with a free list.
+#[derive(Clone, Debug, Default)]
+struct Spill {
+    masks: Vec<[u64; 2]>,
+    free: Vec<u32>,
+}
+
+impl Spill {
+    #[inline]
+    fn masks_of(&self, entry: HolderEntry) -> [u64; 2] {
+        if entry.holders & SPILLED != 0 {
+            return self
+                .masks
+                .get((entry.holders & !SPILLED) as usize)
+                .copied()
+                .unwrap_or_default();
+        }
+        let bit = 1u64 << (entry.holders & 63);
+        [
+            if entry.holders & INLINE_GPU != 0 { bit } else { 0 },
+            if entry.holders & INLINE_CPU != 0 { bit } else { 0 },
+        ]
+    }
+
+    /// Writes `masks` into `entry`, inline when one replica holds the key.
+    /// Returns whether no replica holds it any more (the entry must go).
+    fn store(&mut self, entry: &mut HolderEntry, masks: [u64; 2]) -> bool {
+        let any = masks[0] | masks[1];
+        let spilled = (entry.holders & SPILLED != 0).then_some(entry.holders & !SPILLED);
+        if any.count_ones() <= 1 {
+            if let Some(at) = spilled {
+                self.free.push(at);
+            }
+            let slot = any.trailing_zeros() & 63;
+            entry.holders = slot
+                | if masks[0] != 0 { INLINE_GPU } else { 0 }
+                | if masks[1] != 0 { INLINE_CPU } else { 0 };
+            return any == 0;
+        }
+        let at = match spilled {
+            Some(at) => at,
+            None => match self.free.pop() {
+                Some(at) => at,
+                None => {
+                    self.masks.push([0; 2]);
+                    (self.masks.len() - 1) as u32
+                }
+            },
+        };
+        if let Some(slot) = self.masks.get_mut(at as usize) {
+            *slot = masks;
+        }
+        entry.holders = SPILLED | at;
+        false
+    }
+
+    fn bytes_used(&self) -> u64 {
+        (self.masks.capacity() * 16 + self.free.capacity() * 4) as u64
+    }
+}
+
+/// The maps plus the bookkeeping for `distinct_keys`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Holders {
-    /// Group key → [GPU mask, CPU mask].
-    main: FxHashMap<u64, [u64; 2]>,
+    /// Group key → GPU and CPU holders.
+    main: DenseMap<HolderEntry>,
+    /// Masks of main entries with several holders.
+    spill: Spill,
     /// Group key → storage mask; usually empty.
     storage: FxHashMap<u64, u64>,
     /// Groups that may have entries (grows with the highest slot, never
@@ -81,18 +174,18 @@ impl Holders {
         self.main.len() + self.storage.len()
     }
 
-    pub(crate) fn main_map(&self) -> &FxHashMap<u64, [u64; 2]> {
-        &self.main
-    }
-
-    pub(crate) fn storage_map(&self) -> &FxHashMap<u64, u64> {
-        &self.storage
+    /// Heap bytes of the maps and the spilled masks.
+    pub(crate) fn bytes_used(&self) -> u64 {
+        self.main.bytes_used() + self.spill.bytes_used() + map_bytes(&self.storage)
     }
 
     /// [GPU mask, CPU mask] of `key` for `group` (zero when none).
     #[inline]
     pub(crate) fn gpu_cpu(&self, key: BlockKey, group: usize) -> [u64; 2] {
-        self.main.get(&group_key(key, group)).copied().unwrap_or_default()
+        self.main
+            .get(group_key(key, group))
+            .map(|entry| self.spill.masks_of(*entry))
+            .unwrap_or_default()
     }
 
     /// Storage mask of `key` for `group` (zero when none).
@@ -125,18 +218,18 @@ impl Holders {
             }
         } else {
             let at = tier as usize;
-            match self.main.entry(map_key) {
-                Entry::Occupied(mut entry) => {
-                    let masks = entry.get_mut();
-                    let was_set = masks[at] & bit != 0;
+            let inline = (slot % GROUP_SLOTS) as u32 | [INLINE_GPU, INLINE_CPU][at];
+            let fresh =
+                HolderEntry { key: [map_key as u32, (map_key >> 32) as u32], holders: inline };
+            let (entry, inserted) = self.main.get_or_insert(fresh);
+            if !inserted {
+                let mut masks = self.spill.masks_of(*entry);
+                let was_set = masks[at] & bit != 0;
+                if !was_set {
                     masks[at] |= bit;
-                    return was_set;
+                    self.spill.store(entry, masks);
                 }
-                Entry::Vacant(entry) => {
-                    let mut masks = [0; 2];
-                    masks[at] = bit;
-                    entry.insert(masks);
-                }
+                return was_set;
             }
         }
         // A new entry: a new key unless another entry already holds it.
@@ -164,13 +257,17 @@ impl Holders {
             }
             (was_set, emptied)
         } else {
-            let Some(masks) = self.main.get_mut(&map_key) else { return false };
+            let Some(entry) = self.main.get_mut(map_key) else { return false };
             let at = tier as usize;
+            let mut masks = self.spill.masks_of(*entry);
             let was_set = masks[at] & bit != 0;
+            if !was_set {
+                return false;
+            }
             masks[at] &= !bit;
-            let emptied = (masks[0] | masks[1]) == 0;
+            let emptied = self.spill.store(entry, masks);
             if emptied {
-                self.main.remove(&map_key);
+                self.main.remove(map_key);
             }
             (was_set, emptied)
         };
@@ -186,14 +283,14 @@ impl Holders {
         if self.n_groups <= 1 {
             let map_key = group_key(key, 0);
             return if in_storage {
-                self.main.contains_key(&map_key)
+                self.main.contains(map_key)
             } else {
                 storage_in_use && self.storage.contains_key(&map_key)
             };
         }
         (0..self.n_groups).any(|other| {
             let map_key = group_key(key, other);
-            ((other != group || in_storage) && self.main.contains_key(&map_key))
+            ((other != group || in_storage) && self.main.contains(map_key))
                 || ((other != group || !in_storage)
                     && storage_in_use
                     && self.storage.contains_key(&map_key))
@@ -206,8 +303,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn main_entry_is_24_bytes() {
-        assert_eq!(std::mem::size_of::<(u64, [u64; 2])>(), 24);
+    fn main_entry_is_12_bytes() {
+        assert_eq!(std::mem::size_of::<HolderEntry>(), 12);
+    }
+
+    #[test]
+    fn holders_spill_and_come_back_inline() {
+        let mut holders = Holders::default();
+        holders.ensure_groups(1);
+        let key = BlockKey(9);
+        holders.set(key, 5, Tier::Gpu);
+        holders.set(key, 5, Tier::Cpu);
+        assert_eq!(holders.gpu_cpu(key, 0), [1 << 5, 1 << 5]);
+        assert!(holders.spill.masks.is_empty());
+        holders.set(key, 63, Tier::Cpu);
+        assert_eq!(holders.gpu_cpu(key, 0), [1 << 5, 1 << 5 | 1 << 63]);
+        assert_eq!(holders.spill.masks.len(), 1);
+        assert!(holders.clear(key, 5, Tier::Gpu));
+        assert!(holders.clear(key, 5, Tier::Cpu));
+        // One holder left: inline again, its spilled masks free for reuse.
+        assert_eq!(holders.gpu_cpu(key, 0), [0, 1 << 63]);
+        assert_eq!(holders.spill.free, vec![0]);
+        holders.set(BlockKey(10), 1, Tier::Gpu);
+        holders.set(BlockKey(10), 2, Tier::Gpu);
+        assert_eq!((holders.spill.masks.len(), holders.spill.free.len()), (1, 0));
+        assert_eq!(holders.distinct_keys(), 2);
+        assert!(holders.clear(key, 63, Tier::Cpu));
+        assert!(!holders.clear(key, 63, Tier::Cpu));
+        assert_eq!((holders.distinct_keys(), holders.entries()), (1, 1));
     }
 
     #[test]

@@ -6,12 +6,10 @@
 //! replica's own engine-hash map, so it costs O(its blocks), never O(index).
 //! Event application is in `apply.rs`, the prefix query in `query.rs`.
 
-use rustc_hash::FxHashMap;
-
 use crate::capacity::enforce_capacity;
 use crate::error::IndexError;
 use crate::holders::{lose_tier, Holders, GROUP_SLOTS};
-use crate::replica::{EngineEntry, EngineHash, Replica, ReplicaSpec};
+use crate::replica::{EngineEntry, Replica, ReplicaSpec};
 use crate::replica_id::ReplicaId;
 use crate::stats::{map_bytes, Anomalies, IndexStats, ReplicaStats};
 use crate::Tier;
@@ -19,7 +17,7 @@ use crate::Tier;
 /// The emptied table of a finished stepwise clear ([`Index::clear_step`]):
 /// dropping it frees the memory, which is best done outside a lock.
 #[derive(Debug)]
-pub struct SpentTable(#[allow(dead_code)] FxHashMap<EngineHash, EngineEntry>);
+pub struct SpentTable(#[allow(dead_code)] Vec<EngineEntry>);
 
 /// A content-hashed KV block index over a fleet of replicas. See the crate
 /// docs for the model; it does no I/O and takes `&mut self` to change, so a
@@ -119,7 +117,7 @@ impl Index {
             return Err(IndexError::UnknownReplica(id));
         };
         drain_entries(replica, &mut self.holders, slot, usize::MAX);
-        replica.draining = std::mem::take(&mut replica.entries);
+        replica.draining = std::mem::take(&mut replica.entries).into_entries();
         replica.counts = [0; 3];
         replica.repeats = Default::default();
         replica.recent = Default::default();
@@ -241,13 +239,8 @@ impl Index {
     /// [`BlockHash::fold_u64`]: kvgate_events::BlockHash::fold_u64
     pub fn engine_hashes(&self, id: ReplicaId, tier: Tier) -> Option<Vec<u64>> {
         let bit = 1u8 << (tier as u8);
-        self.replica(id).map(|r| {
-            r.entries
-                .iter()
-                .filter(|(_, e)| e.tiers() & bit != 0)
-                .map(|(h, _)| h.as_u64())
-                .collect()
-        })
+        self.replica(id)
+            .map(|r| r.entries.iter().filter(|e| e.tiers() & bit != 0).map(|e| e.hash()).collect())
     }
 
     /// Distinct block keys held by some replica in some tier.
@@ -305,8 +298,8 @@ impl Index {
             .iter()
             .flatten()
             .map(|r| {
-                map_bytes(&r.entries)
-                    + map_bytes(&r.draining)
+                r.entries.bytes_used()
+                    + (r.draining.capacity() * std::mem::size_of::<EngineEntry>()) as u64
                     + map_bytes(&r.extra_holds)
                     + map_bytes(&r.repeats)
                     + r.recent.bytes_used()
@@ -314,11 +307,7 @@ impl Index {
                     + (r.non_full_groups.capacity() * 4) as u64
             })
             .sum();
-        slots
-            + masks
-            + per_replica
-            + map_bytes(self.holders.main_map())
-            + map_bytes(self.holders.storage_map())
+        slots + masks + per_replica + self.holders.bytes_used()
     }
 
     pub(crate) fn replica(&self, id: ReplicaId) -> Option<&Replica> {
@@ -332,8 +321,6 @@ impl Index {
 /// map, through `lose_tier` (so that entries of the new view holding the same
 /// keys keep their bits). Returns the residencies released.
 ///
-/// `extract_if` dropped early keeps the rest, and restarts from the table's
-/// start on the next call, skipping emptied control groups 16 at a time.
 pub(crate) fn drain_entries(
     replica: &mut Replica,
     holders: &mut Holders,
@@ -344,7 +331,8 @@ pub(crate) fn drain_entries(
         return 0;
     }
     let mut released = 0;
-    for (_, entry) in replica.draining.extract_if(|_, _| true).take(budget) {
+    let keep = replica.draining.len().saturating_sub(budget);
+    for entry in replica.draining.drain(keep..) {
         for tier in Tier::ALL {
             if entry.tiers() & (1 << tier as u8) != 0 {
                 lose_tier(holders, &mut replica.extra_holds, entry.key(), slot, tier);
@@ -357,7 +345,7 @@ pub(crate) fn drain_entries(
 
 pub(crate) fn clear_slot(replica: &mut Replica, holders: &mut Holders, slot: usize) -> u64 {
     let mut dropped = 0;
-    for entry in replica.entries.values() {
+    for entry in replica.entries.iter() {
         let tiers = entry.tiers();
         for tier in Tier::ALL {
             if tiers & (1 << tier as u8) != 0 {

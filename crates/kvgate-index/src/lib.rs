@@ -11,6 +11,9 @@
 //!   shared by the query side and event application.
 //! - `replica.rs`: [`ReplicaSpec`] and a replica's own map from engine hash to
 //!   our key, tiers and insertion order; `replica_id.rs`: [`ReplicaId`].
+//! - `dense.rs`: `DenseMap`, entries packed in a vector behind a table of
+//!   positions: the map of a replica's engine hashes and of the holders,
+//!   paid once per (block, replica).
 //! - `holders.rs`: the global map from key to replica bitsets per tier.
 //! - `index.rs`: [`Index`] and replica management.
 //! - `apply.rs`: applying events, with every anomaly counted.
@@ -30,6 +33,7 @@
 
 mod apply;
 mod capacity;
+mod dense;
 mod error;
 mod holders;
 mod index;

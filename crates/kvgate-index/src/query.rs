@@ -11,8 +11,9 @@
 //!
 //! Algorithm: replicas are bits of 64-slot groups, so for each group the scan
 //! keeps two masks, replicas whose prefix is still alive and replicas whose
-//! GPU prefix is still alive. Per block there is one map lookup (a second,
-//! into the storage side map, only when storage is in use and some live
+//! GPU prefix is still alive. Per block there is one map lookup (plus a read
+//! of the side vector when several replicas of the group hold the block, and
+//! a lookup in the storage side map only when storage is in use and some live
 //! replica lacks the block on GPU and CPU) and a few mask operations; bits are iterated only for replicas whose prefix ends at
 //! that block or that hold the block in a lower tier. GPU counts are derived
 //! at the end (`total - cpu - storage`). A group's scan stops at the first

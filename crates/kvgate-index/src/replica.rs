@@ -3,16 +3,17 @@
 //! A replica's events name blocks by the engine's hash, which only that engine
 //! understands. Each replica therefore keeps its own map from engine hash to
 //! our [`BlockKey`], the set of tiers it holds the block in, and the insertion
-//! sequence used to evict the oldest entries when removals were lost. The map
-//! entry is packed into 20 bytes (two `u64` split into `u32` halves plus a
-//! `u32` of sequence and tier bits) because it is paid once per (block,
+//! sequence used to evict the oldest entries when removals were lost. The
+//! entry (engine hash included, as the map's key) is packed into 20 bytes
+//! (two `u64` split into `u32` halves plus a `u32` of sequence and tier
+//! bits), and the map is a [`DenseMap`], because it is paid once per (block,
 //! replica) pair and dominates the index's memory.
 
-use std::hash::{Hash, Hasher};
 use std::time::Instant;
 
 use rustc_hash::FxHashMap;
 
+use crate::dense::{DenseMap, Keyed};
 use crate::keys::BlockKey;
 use crate::recent::RecentlyRemoved;
 use crate::stats::Anomalies;
@@ -60,25 +61,37 @@ impl EngineHash {
     }
 }
 
-impl Hash for EngineHash {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(u64::from(self.0[0]) | (u64::from(self.0[1]) << 32));
-    }
-}
-
-/// What a replica knows about one engine hash: our key, the tiers it holds
-/// the block in, and when a tier was last added (for oldest-first eviction).
+/// What a replica knows about one engine hash: the hash itself, our key,
+/// the tiers it holds the block in, and when a tier was last added (for
+/// oldest-first eviction).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct EngineEntry {
+    hash: EngineHash,
     key: [u32; 2],
     seq_tiers: u32,
 }
 
+impl Keyed for EngineEntry {
+    #[inline]
+    fn map_key(&self) -> u64 {
+        self.hash.as_u64()
+    }
+}
+
 impl EngineEntry {
-    pub(crate) fn new(key: BlockKey, tiers: u8, seq: u32) -> EngineEntry {
-        let mut entry = EngineEntry { key: [key.0 as u32, (key.0 >> 32) as u32], seq_tiers: 0 };
+    pub(crate) fn new(hash: u64, key: BlockKey, tiers: u8, seq: u32) -> EngineEntry {
+        let mut entry = EngineEntry {
+            hash: EngineHash::new(hash),
+            key: [key.0 as u32, (key.0 >> 32) as u32],
+            seq_tiers: 0,
+        };
         entry.set(tiers, seq);
         entry
+    }
+
+    /// The engine hash, folded to `u64`.
+    pub(crate) fn hash(self) -> u64 {
+        self.hash.as_u64()
     }
 
     pub(crate) fn key(self) -> BlockKey {
@@ -107,7 +120,7 @@ impl EngineEntry {
 pub(crate) struct Replica {
     pub(crate) spec: ReplicaSpec,
     /// Engine hash → our key, tiers, sequence.
-    pub(crate) entries: FxHashMap<EngineHash, EngineEntry>,
+    pub(crate) entries: DenseMap<EngineEntry>,
     /// Blocks held per tier (entries with that tier bit).
     pub(crate) counts: [u64; 3],
     /// `(key, tier)` → how many engine entries beyond the first hold that key
@@ -130,7 +143,7 @@ pub(crate) struct Replica {
     /// releases them; the replica is hidden from queries meanwhile.
     ///
     /// [`Index::begin_clear`]: crate::Index::begin_clear
-    pub(crate) draining: FxHashMap<EngineHash, EngineEntry>,
+    pub(crate) draining: Vec<EngineEntry>,
     /// KV cache groups seen with a spec kind other than full attention.
     pub(crate) non_full_groups: Vec<u32>,
     /// Next insertion sequence number (below [`SEQ_LIMIT`]).
@@ -143,12 +156,12 @@ impl Replica {
     pub(crate) fn new(spec: ReplicaSpec) -> Replica {
         Replica {
             spec,
-            entries: FxHashMap::default(),
+            entries: DenseMap::default(),
             counts: [0; 3],
             extra_holds: FxHashMap::default(),
             repeats: FxHashMap::default(),
             recent: RecentlyRemoved::default(),
-            draining: FxHashMap::default(),
+            draining: Vec::new(),
             non_full_groups: Vec::new(),
             next_seq: 0,
             anomalies: Anomalies::default(),
@@ -158,14 +171,16 @@ impl Replica {
 
     /// Reassigns sequence numbers 0..n in the current order, O(n log n).
     pub(crate) fn renumber(&mut self) {
-        let mut order: Vec<(u32, EngineHash)> =
-            self.entries.iter().map(|(hash, entry)| (entry.seq(), *hash)).collect();
+        let mut order: Vec<(u32, u32)> =
+            self.entries.iter().enumerate().map(|(at, entry)| (entry.seq(), at as u32)).collect();
         order.sort_unstable_by_key(|(seq, _)| *seq);
-        for (rank, (_, hash)) in order.iter().enumerate() {
-            if let Some(entry) = self.entries.get_mut(hash) {
-                let tiers = entry.tiers();
-                entry.set(tiers, rank as u32);
-            }
+        let mut ranks = vec![0u32; order.len()];
+        for (rank, (_, at)) in order.iter().enumerate() {
+            ranks[*at as usize] = rank as u32;
+        }
+        for (entry, rank) in self.entries.iter_mut().zip(ranks) {
+            let tiers = entry.tiers();
+            entry.set(tiers, rank);
         }
         self.next_seq = order.len() as u32;
     }
@@ -193,26 +208,32 @@ mod tests {
 
     #[test]
     fn engine_entry_packs_key_tiers_and_seq() {
-        let mut entry = EngineEntry::new(BlockKey(0xdead_beef_0123_4567), 0b101, SEQ_LIMIT - 1);
+        let mut entry = EngineEntry::new(
+            0x0123_4567_89ab_cdef,
+            BlockKey(0xdead_beef_0123_4567),
+            0b101,
+            SEQ_LIMIT - 1,
+        );
+        assert_eq!(entry.hash(), 0x0123_4567_89ab_cdef);
         assert_eq!(entry.key(), BlockKey(0xdead_beef_0123_4567));
         assert_eq!(entry.tiers(), 0b101);
         assert_eq!(entry.seq(), SEQ_LIMIT - 1);
         entry.set_tiers(0b010);
         assert_eq!(entry.tiers(), 0b010);
         assert_eq!(entry.seq(), SEQ_LIMIT - 1);
-        assert_eq!(std::mem::size_of::<(EngineHash, EngineEntry)>(), 20);
+        assert_eq!(std::mem::size_of::<EngineEntry>(), 20);
     }
 
     #[test]
     fn renumbering_keeps_the_order() {
         let mut replica = Replica::new(ReplicaSpec::new("r", 0, 16));
-        replica.entries.insert(EngineHash::new(1), EngineEntry::new(BlockKey(1), 1, 900));
-        replica.entries.insert(EngineHash::new(2), EngineEntry::new(BlockKey(2), 1, 10));
-        replica.entries.insert(EngineHash::new(3), EngineEntry::new(BlockKey(3), 1, 500));
+        replica.entries.get_or_insert(EngineEntry::new(1, BlockKey(1), 1, 900));
+        replica.entries.get_or_insert(EngineEntry::new(2, BlockKey(2), 1, 10));
+        replica.entries.get_or_insert(EngineEntry::new(3, BlockKey(3), 1, 500));
         replica.next_seq = SEQ_LIMIT - 1;
         replica.reserve_seqs(1);
         assert_eq!(replica.next_seq, 3);
-        let seq = |h: u64| replica.entries.get(&EngineHash::new(h)).map(|e| e.seq());
+        let seq = |h: u64| replica.entries.get(h).map(|e| e.seq());
         assert_eq!((seq(2), seq(3), seq(1)), (Some(0), Some(1), Some(2)));
     }
 

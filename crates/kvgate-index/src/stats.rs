@@ -152,21 +152,10 @@ impl IndexStats {
     }
 }
 
-/// Estimated heap bytes of a hashbrown-backed map: buckets are the next power
-/// of two above capacity × 8/7, each with the entry and one control byte,
-/// plus one group of trailing control bytes.
+/// Estimated heap bytes of a hashbrown-backed map (see
+/// [`table_bytes`](crate::dense::table_bytes)).
 pub(crate) fn map_bytes<K, V, S: BuildHasher>(map: &HashMap<K, V, S>) -> u64 {
-    let capacity = map.capacity();
-    if capacity == 0 {
-        return 0;
-    }
-    let buckets = if capacity < 8 {
-        (capacity + 1).next_power_of_two()
-    } else {
-        (capacity * 8 / 7).next_power_of_two()
-    };
-    let entry = std::mem::size_of::<(K, V)>();
-    (buckets * (entry + 1) + 16) as u64
+    crate::dense::table_bytes(map.capacity(), std::mem::size_of::<(K, V)>())
 }
 
 #[cfg(test)]
