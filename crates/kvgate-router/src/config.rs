@@ -140,7 +140,9 @@ pub struct CostModelConfig {
     /// milliseconds because what it stands for, preempted sequences
     /// recomputed, takes longer on a slower engine: a fixed time would weigh
     /// four times as much against every other term on an engine four times
-    /// faster. 32,000 is 2 s at the 16k tokens/s prior.
+    /// faster. 32,000 is 2 s at the 16k tokens/s prior. Capped at half the
+    /// replica's KV capacity in tokens: preemption recomputes what the cache
+    /// held, no more (on 512 blocks of 32 tokens, 8,192).
     pub kv_pressure_tokens: f64,
     /// Weight of the fleet-wide prefill work a choice adds (its uncached
     /// tokens), as a multiple of their prefill time: the delay they cause the

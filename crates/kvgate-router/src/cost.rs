@@ -13,7 +13,8 @@
 //! interf.  = steps × min(decode_step + decode_per_seq × D, measured step)   if D > 0, else 0
 //!            (the measured step is the engine's mean inter-token latency)
 //! ttft     = queue + prefill + transfer + interf. + adapter + overhead
-//! pressure = σ × kv_pressure_tokens × ((u - start) / (1 - start))²    u: KV occupancy after booking
+//! pressure = σ × min(kv_pressure_tokens, capacity tokens ÷ 2) × ((u - start) / (1 - start))²
+//!            u: KV occupancy after booking
 //! cost     = ttft + pressure + work_weight × busy × σ × (U − U_min)
 //!                 + decode_delay_weight × D × σ × U
 //!                 + future_work_weight × busy × h × σ × U_min × R × (s − s_min) / Σs
@@ -32,6 +33,11 @@
 //! no mode switch.
 
 use crate::config::CostModelConfig;
+
+/// The share of a replica's KV capacity, in tokens, that bounds the
+/// pressure term's weight: the sequences a full cache preempts hold part
+/// of it, never more than all of it.
+const PREEMPTED_SHARE: f64 = 0.5;
 
 /// What the model needs about one candidate.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -133,7 +139,12 @@ pub fn predict(c: &CostModelConfig, x: &CostInputs) -> Prediction {
         let blocks = (x.kv_used_blocks + x.kv_new_blocks) as f64;
         let start = c.kv_pressure_start;
         let over = ((blocks - start * cap) / ((1.0 - start) * cap)).max(0.0);
-        sigma * c.kv_pressure_tokens * over * over
+        // What the term stands for, sequences preempted and recomputed,
+        // cannot exceed what the cache holds: on a small cache the full
+        // weight would outweigh a cache hit many times over and push
+        // sessions off the replica that holds them.
+        let tokens = c.kv_pressure_tokens.min(PREEMPTED_SHARE * cap * f64::from(x.block_size));
+        sigma * tokens * over * over
     } else {
         0.0
     };
@@ -211,6 +222,27 @@ mod tests {
     use super::*;
 
     /// The worked example of `docs/routing.md`, so the doc stays true.
+    #[test]
+    fn pressure_weighs_at_most_half_the_cache() {
+        let c = CostModelConfig::default();
+        let full = |capacity_blocks: u64| {
+            let x = CostInputs {
+                prompt_tokens: 64,
+                block_size: 32,
+                kv_capacity_blocks: capacity_blocks,
+                kv_used_blocks: capacity_blocks - 2,
+                kv_new_blocks: 2,
+                prefill_s_per_token: 1e-3,
+                ..CostInputs::default()
+            };
+            predict(&c, &x).pressure_s
+        };
+        // At full occupancy the term is σ × its token weight: the configured
+        // 32,000 on a large cache, half of 512 × 32 tokens on a small one.
+        assert!((full(4096) - 32.0).abs() < 1e-9, "{}", full(4096));
+        assert!((full(512) - 8.192).abs() < 1e-9, "{}", full(512));
+    }
+
     #[test]
     fn worked_example_in_docs_routing_md() {
         let c = CostModelConfig::default();
