@@ -15,7 +15,9 @@ file descriptors (`/proc/PID/fd`), threads, RSS, and CPU per idle second;
 over the measured window, its CPU (utime + stime) divided by the requests it
 served and, separately, by the KV events it received (`kvgate_requests_total`
 and `kvgate_events_total` from its `/metrics`): two views of one total,
-not a split of it. For the fleet: mean and p99
+not a split of it. At the end of each point, once the load has stopped, it
+compares every instance's view of every engine (`/admin/replicas/{name}/
+blocks`) with the engine's own GPU blocks (`/debug/kv_blocks`). For the fleet: mean and p99
 TTFT measured by the client, the engines' prefix-cache hit rate (their own
 `vllm:prefix_cache_*` counters) over the window, and both against the N = 1
 point of the same M at the same total rate.
@@ -188,6 +190,33 @@ class Point:
         queries = sum(metric_sum(t, "vllm:prefix_cache_queries_total") for t in texts)
         return hits, queries
 
+    def views_equal(self) -> dict:
+        """Whether every instance's view of every engine holds exactly the
+        engine's GPU blocks (`/debug/kv_blocks` against the instance's
+        `/admin/replicas/{name}/blocks`)."""
+        o = self.args.port_offset
+
+        def engine(i: int) -> set[int]:
+            _, text = http_get(self.engine_url(i) + "/debug/kv_blocks", 10.0)
+            return {int(h) % (1 << 64) for h in json.loads(text or "{}").get("gpu", [])}
+
+        def view(pair: tuple[int, int]) -> set[int]:
+            k, i = pair
+            _, text = http_get(f"http://127.0.0.1:{o + 18500 + k}/admin/replicas/e{i}/blocks", 10.0)
+            return {int(h) % (1 << 64) for h in json.loads(text or "{}").get("gpu", [])}
+
+        with ThreadPoolExecutor(16) as pool:
+            engines = list(pool.map(engine, range(self.m)))
+            pairs = [(k, i) for k in range(self.n) for i in range(self.m)]
+            views = list(pool.map(view, pairs))
+        unequal = [(k, i) for (k, i), v in zip(pairs, views) if v != engines[i]]
+        return {
+            "views": len(pairs),
+            "unequal": len(unequal),
+            "engine_blocks": sum(len(e) for e in engines),
+            "first_unequal": [f"instance {k}, engine e{i}" for k, i in unequal[:5]],
+        }
+
     def instance_counters(self) -> list[dict]:
         out = []
         for k, p in enumerate(self.serves):
@@ -309,6 +338,8 @@ def run_point(args, n: int, m: int, prompts: list[str], progress: Path | None) -
         after = point.instance_counters()
         window = time.time() - t0
         hits1, queries1 = point.engine_counters()
+        time.sleep(args.settle)
+        views = point.views_equal()
         per_instance = []
         for k in range(n):
             b, a = before[k], after[k]
@@ -329,7 +360,14 @@ def run_point(args, n: int, m: int, prompts: list[str], progress: Path | None) -
             )
         fleet["window_s"] = window
         fleet["hit_rate"] = (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else None
-        result = {"instances": n, "engines": m, "rate": args.rate, "fleet": fleet, "per_instance": per_instance}
+        result = {
+            "instances": n,
+            "engines": m,
+            "rate": args.rate,
+            "fleet": fleet,
+            "views": views,
+            "per_instance": per_instance,
+        }
         log(progress, f"N={n} M={m}: {json.dumps(summary(result))}")
         return result
     finally:
@@ -353,6 +391,7 @@ def summary(r: dict) -> dict:
         "ttft_mean_ms": round(f.get("ttft_mean_ms", float("nan")), 1),
         "ttft_p99_ms": round(f.get("ttft_p99_ms", float("nan")), 1),
         "hit_rate": None if f.get("hit_rate") is None else round(f["hit_rate"], 4),
+        "views_unequal": f"{r['views']['unequal']} of {r['views']['views']}",
     }
 
 
@@ -372,6 +411,7 @@ def main() -> int:
     p.add_argument("--gpu-blocks", type=int, default=2048, help="GPU blocks per engine")
     p.add_argument("--speedup", type=float, default=1.0, help="kvgate sim --speedup")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--settle", type=float, default=2.0, help="seconds after the load before views are compared")
     p.add_argument("--port-offset", type=int, default=0, help="added to every port below")
     p.add_argument("--timeout", type=float, default=30.0, help="a request slower than this failed")
     p.add_argument("--out", default=None, help="JSON results")
