@@ -25,6 +25,7 @@ use crate::doors::epp::EppContext;
 use crate::doors::peer_state::Peers;
 use crate::doors::peers::PeerContext;
 use crate::doors::shed::Shedding;
+use crate::doors::tenant_keys::TenantKeys;
 use crate::doors::throttle::{ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 use crate::error::{ConfigError, StartError};
 use crate::observe::metrics::Metrics;
@@ -39,6 +40,7 @@ use crate::request::engine_client::EngineClient;
 use crate::request::forward::Forwarder;
 use crate::request::placement::Placer;
 use crate::request::prepare::Preparer;
+use crate::request::tenant_queue::TenantQueue;
 use kvgate_fleet::Fleet;
 
 /// Everything the gateway is made of. Named only by the wiring
@@ -81,6 +83,8 @@ pub(crate) struct Shared {
     pub(crate) registry: Arc<Registry>,
     /// What metrics, admin and the dashboard read (the snapshot).
     pub(crate) view: Arc<FleetView>,
+    /// Client keys → tenants (`[tenants]`; empty without).
+    pub(crate) tenant_keys: Arc<TenantKeys>,
 }
 
 impl Shared {
@@ -112,8 +116,17 @@ impl Shared {
                 StartError::Config(ConfigError::Invalid(format!("pool {}: {e}", p.name)))
             })?;
             // Any drop in a booking's load (first token, end, expiry...)
-            // wakes the head of its pool's admission queue.
-            let admission = Arc::new(Admission::default());
+            // wakes the head of its pool's admission queue (and the heads
+            // of its tenant queue's bands).
+            let tenants = match &config.tenants {
+                Some(t) => {
+                    Some(Arc::new(TenantQueue::new(&t.queue, crate::clock::now()).map_err(
+                        |e| StartError::Config(ConfigError::Invalid(format!("tenants: {e}"))),
+                    )?))
+                }
+                None => None,
+            };
+            let admission = Arc::new(Admission::with_tenants(tenants));
             let waiters = Arc::clone(&admission);
             router.on_load_change(Arc::new(move || waiters.load_changed()));
             if has_prefill {
@@ -187,6 +200,7 @@ impl Shared {
             peers,
             registry,
             view,
+            tenant_keys: Arc::new(config.tenants.as_ref().map(TenantKeys::new).unwrap_or_default()),
             config,
         })
     }
@@ -244,6 +258,7 @@ impl Shared {
             pools: Arc::clone(&self.pools),
             metrics: Arc::clone(&self.metrics),
             loader: Arc::clone(&self.loader),
+            tenant_keys: Arc::clone(&self.tenant_keys),
         }
     }
 

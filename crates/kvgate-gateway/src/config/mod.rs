@@ -17,6 +17,7 @@ pub(crate) mod model_config;
 pub(crate) mod pool_config;
 pub(crate) mod replica_config;
 pub(crate) mod settings;
+pub(crate) mod tenants_config;
 pub(crate) mod tls_config;
 
 pub use crate::config::cluster_config::{DiscoveryConfig, PeersConfig};
@@ -25,6 +26,7 @@ pub use crate::config::epp_config::{EppConfig, DEFAULT_EPP_LISTEN};
 pub use crate::config::model_config::ModelConfig;
 pub use crate::config::pool_config::{PoolConfig, DEFAULT_POOL};
 pub use crate::config::replica_config::{Passthrough, ReplicaConfig, MAX_DP_SIZE};
+pub use crate::config::tenants_config::{TenantKey, TenantsSection, DEFAULT_TENANT_HEADER};
 pub use crate::config::tls_config::TlsConfig;
 use crate::error::ConfigError;
 
@@ -274,6 +276,10 @@ pub struct GatewayConfig {
     /// Prefill/decode disaggregation, for pools with `role = "prefill"`
     /// replicas.
     pub disagg: DisaggConfig,
+    /// Tenants: fair queuing, priority bands and limits
+    /// (`docs/tenants.md`). Unset, requests are one first-come stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<TenantsSection>,
 }
 
 impl Default for GatewayConfig {
@@ -299,6 +305,7 @@ impl Default for GatewayConfig {
             epp: EppConfig::default(),
             tls: TlsConfig::default(),
             disagg: DisaggConfig::default(),
+            tenants: None,
         }
     }
 }
@@ -349,6 +356,11 @@ impl GatewayConfig {
         c.auth.admin_key = None;
         c.peers.key = None;
         c.discovery.api_key = None;
+        if let Some(t) = &mut c.tenants {
+            for k in &mut t.keys {
+                k.key = "(secret)".to_owned();
+            }
+        }
         for r in &mut c.replicas {
             r.api_key = None;
         }
@@ -519,6 +531,9 @@ impl GatewayConfig {
         self.tls.validate()?;
         self.peers.validate(&self.tls)?;
         self.epp.validate(self.auth.allow_unauthenticated, &self.tls)?;
+        if let Some(t) = &self.tenants {
+            t.validate(&self.auth.api_keys)?;
+        }
         let s = &self.embedded_sims;
         if all.is_empty() && !(1..=64).contains(&s.replicas) {
             return bad("embedded_sims.replicas must be in 1..=64".into());

@@ -11,5 +11,6 @@ pub(crate) mod peer_state;
 pub(crate) mod peers;
 pub(crate) mod server;
 pub(crate) mod shed;
+pub(crate) mod tenant_keys;
 pub(crate) mod throttle;
 pub(crate) mod tls;

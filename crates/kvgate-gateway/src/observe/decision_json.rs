@@ -1,5 +1,7 @@
 //! Routing decisions as JSON, replica ids turned into names: what
 //! `/admin/decisions` answers and what the dashboard's decision list shows.
+//! A request that waited in its pool's tenant queue carries `tenant`: its
+//! name, how long it waited and why (`fair_share`, `higher_band`, `busy`).
 //! It lives apart from both so that neither imports the other.
 
 use std::time::Instant;
@@ -62,5 +64,23 @@ pub(crate) fn recent_decisions_json(view: &FleetView, limit: usize, now: Instant
     });
     recent.sort_by_key(|e| std::cmp::Reverse(e.at));
     recent.truncate(limit);
-    recent.iter().map(|e| explanation_json(&view.replicas, e, now)).collect()
+    // Taken after the fleet lock is given back (a tenant queue's locks come
+    // before it, never under it).
+    let queues: Vec<_> =
+        view.pools.all().iter().filter_map(|p| p.admission.tenants().cloned()).collect();
+    let tenant_of = |booking: Option<u64>| {
+        let b = booking?;
+        let d = queues.iter().find_map(|q| q.note_of(b))?;
+        let why = d.why.label();
+        Some(json!({"name": d.tenant, "waited_s": d.waited.as_secs_f64(), "waited_for": why}))
+    };
+    let mut out = Vec::with_capacity(recent.len());
+    for e in &recent {
+        let mut v = explanation_json(&view.replicas, e, now);
+        if let (Some(t), Some(o)) = (tenant_of(e.booking), v.as_object_mut()) {
+            o.insert("tenant".to_owned(), t);
+        }
+        out.push(v);
+    }
+    out
 }

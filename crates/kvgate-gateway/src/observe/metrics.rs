@@ -29,7 +29,9 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::observe::snapshot::{FleetSnapshot, ReplicaSnapshot};
+use kvgate_tenants::RejectReason;
+
+use crate::observe::snapshot::{FleetSnapshot, ReplicaSnapshot, TenantSnapshot};
 use crate::observe::ttft_ring::RecentTtft;
 use crate::request::request_error::{Family as ReasonFamily, Reason};
 use crate::request::route::Route;
@@ -78,6 +80,12 @@ struct PlanLabels {
     plan: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TenantLabels {
+    pool: String,
+    tenant: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// Time to first token: 5 ms to 2 min.
@@ -106,6 +114,14 @@ fn tokenize_histogram() -> Histogram {
 fn decide_histogram() -> Histogram {
     Histogram::new([
         1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01,
+    ])
+}
+
+/// A wait in the tenant queue: 1 ms to 10 min (a band's TTL).
+fn queue_wait_histogram() -> Histogram {
+    Histogram::new([
+        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+        300.0, 600.0,
     ])
 }
 
@@ -147,6 +163,8 @@ pub(crate) struct Metrics {
     task_restarts: Family<TaskLabels, Counter>,
     /// Disaggregated pools' plans (`pd_forward.rs`), by outcome.
     disagg_plans: Family<PlanLabels, Counter>,
+    /// Time dispatched requests waited in a tenant queue, per tenant.
+    tenant_wait: HistogramFamily<TenantLabels>,
     open_connections: Gauge,
     connections_refused: Counter,
     /// The last TTFTs with their times, for the dashboard's percentiles.
@@ -177,6 +195,8 @@ impl Metrics {
         let rejected = Family::<ReasonLabels, Counter>::default();
         let task_restarts = Family::<TaskLabels, Counter>::default();
         let disagg_plans = Family::<PlanLabels, Counter>::default();
+        let tenant_wait =
+            HistogramFamily::new_with_constructor(queue_wait_histogram as fn() -> Histogram);
         for task in ["feed", "monitor"] {
             drop(task_restarts.get_or_create(&TaskLabels { task }));
         }
@@ -250,6 +270,12 @@ impl Metrics {
              its first byte: served whole elsewhere)",
             disagg_plans.clone(),
         );
+        registry.register_with_unit(
+            "tenant_queue_wait",
+            "Time requests waited in their pool's tenant queue before dispatch, per tenant",
+            Unit::Seconds,
+            tenant_wait.clone(),
+        );
         registry.register(
             "prompt_tokens",
             "Prompt tokens of routed requests",
@@ -301,6 +327,7 @@ impl Metrics {
             rejected,
             task_restarts,
             disagg_plans,
+            tenant_wait,
             open_connections,
             connections_refused,
             recent_ttft: RecentTtft::default(),
@@ -407,6 +434,14 @@ impl Metrics {
     /// `prefill_fallback` or `decode_fallback`.
     pub(crate) fn disagg_plan(&self, plan: &'static str) {
         self.disagg_plans.get_or_create(&PlanLabels { plan }).inc();
+    }
+
+    /// A request of `tenant` left `pool`'s tenant queue for an engine after
+    /// waiting `seconds`.
+    pub(crate) fn tenant_wait(&self, pool: &str, tenant: &str, seconds: f64) {
+        let Some(seconds) = duration(seconds) else { return };
+        let labels = TenantLabels { pool: pool.to_owned(), tenant: tenant.to_owned() };
+        self.tenant_wait.get_or_create(&labels).observe(seconds);
     }
 
     pub(crate) fn task_restarted(&self, task: &'static str) {
@@ -694,7 +729,76 @@ impl SnapshotCollector {
         let replicas = self.0.replicas.iter();
         let members =
             replicas.map(|r| ([("replica", r.name.as_str()), ("pool", r.pool.as_str())], 1u64));
-        gauges(enc, "replica_pool", "1 per replica, labelled with its model pool", None, members)
+        gauges(enc, "replica_pool", "1 per replica, labelled with its model pool", None, members)?;
+        self.encode_tenants(enc)
+    }
+
+    /// Per tenant of each pool's tenant queue (`[tenants]`): depth, in
+    /// flight, outcomes, tokens served, refusals by reason.
+    fn encode_tenants(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
+        let rows = || {
+            self.0.pools.iter().flat_map(|p| p.tenants.iter().map(move |t| (p.name.as_str(), t)))
+        };
+        let by_tenant = |v: fn(&TenantSnapshot) -> u64| {
+            rows().map(move |(pool, t)| ([("pool", pool), ("tenant", t.tenant.as_str())], v(t)))
+        };
+        gauges(
+            enc,
+            "tenant_queue_depth",
+            "Requests waiting in the tenant queue, per tenant",
+            None,
+            by_tenant(|t| t.queue_depth),
+        )?;
+        gauges(
+            enc,
+            "tenant_in_flight",
+            "Requests dispatched from the tenant queue and not finished, per tenant",
+            None,
+            by_tenant(|t| t.in_flight),
+        )?;
+        let outcomes = rows().flat_map(|(pool, t)| {
+            [
+                ("arrived", t.arrived),
+                ("dispatched", t.dispatched),
+                ("finished", t.finished),
+                ("cancelled", t.cancelled),
+            ]
+            .map(|(outcome, v)| {
+                ([("pool", pool), ("tenant", t.tenant.as_str()), ("outcome", outcome)], v)
+            })
+        });
+        counters(
+            enc,
+            "tenant_requests",
+            "Requests per tenant by outcome: arrived (offered to the queue), dispatched (sent \
+             to an engine), finished (dispatched and ended), cancelled (left the queue: client \
+             gone, or the router refused); refusals are kvgate_tenant_rejected_total",
+            outcomes,
+        )?;
+        let rejected = rows().flat_map(|(pool, t)| {
+            RejectReason::ALL.iter().zip(t.rejected).map(move |(reason, v)| {
+                ([("pool", pool), ("tenant", t.tenant.as_str()), ("reason", reason.as_str())], v)
+            })
+        });
+        counters(
+            enc,
+            "tenant_rejected",
+            "Requests refused per tenant, by reason: queue_full, in_flight_limit, token_rate \
+             (429 with Retry-After), expired (waited the band's queue TTL, 503)",
+            rejected,
+        )?;
+        let tokens = rows().flat_map(|(pool, t)| {
+            [("input", t.input_tokens), ("output", t.output_tokens)].map(|(kind, v)| {
+                ([("pool", pool), ("tenant", t.tenant.as_str()), ("kind", kind)], v)
+            })
+        });
+        counters(
+            enc,
+            "tenant_tokens",
+            "Tokens served per tenant: input (prompt) and output, settled with the engine's \
+             usage where it reported one",
+            tokens,
+        )
     }
 
     fn encode_replicas(&self, enc: &mut DescriptorEncoder<'_>) -> fmt::Result {
@@ -1107,6 +1211,18 @@ mod tests {
                     v
                 },
                 transfer_s_per_token: Some(4.0e-6),
+                tenants: vec![TenantSnapshot {
+                    tenant: "acme".into(),
+                    arrived: 9,
+                    queue_depth: 2,
+                    in_flight: 1,
+                    dispatched: 5,
+                    finished: 4,
+                    cancelled: 1,
+                    rejected: [0, 1, 0, 0],
+                    input_tokens: 640,
+                    output_tokens: 80,
+                }],
             }],
         }
     }
@@ -1190,6 +1306,12 @@ mod tests {
                 r#"kvgate_pool_prompt_tokens_total{pool="default",kind="predicted_cached"} 3072"#,
                 r#"kvgate_pool_decision_reasons_total{pool="default",reason="lowest_cost"} 9"#,
                 r#"kvgate_pool_decision_reasons_total{pool="default",reason="only"} 1"#,
+                r#"kvgate_tenant_queue_depth{pool="default",tenant="acme"} 2"#,
+                r#"kvgate_tenant_in_flight{pool="default",tenant="acme"} 1"#,
+                r#"kvgate_tenant_requests_total{pool="default",tenant="acme",outcome="cancelled"} 1"#,
+                r#"kvgate_tenant_rejected_total{pool="default",tenant="acme",reason="in_flight_limit"} 1"#,
+                r#"kvgate_tenant_rejected_total{pool="default",tenant="acme",reason="expired"} 0"#,
+                r#"kvgate_tenant_tokens_total{pool="default",tenant="acme",kind="output"} 80"#,
                 r#"kvgate_pool_decision_reasons_total{pool="default",reason="softmax"} 0"#,
                 "# UNIT kvgate_pool_kv_transfer_per_token_seconds seconds",
                 "kvgate_pool_kv_transfer_per_token_seconds{pool=\"default\"} 0.000004",

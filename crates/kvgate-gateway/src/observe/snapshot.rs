@@ -154,6 +154,35 @@ pub struct PoolSnapshot {
     /// calibrated from its decode replicas' NIXL metrics (the configured
     /// bandwidth until they report); `None` for other pools.
     pub transfer_s_per_token: Option<f64>,
+    /// Its tenants (`[tenants]`), by name; empty without.
+    pub tenants: Vec<TenantSnapshot>,
+}
+
+/// One tenant of a pool's tenant queue, since start.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TenantSnapshot {
+    /// Its name.
+    pub tenant: String,
+    /// Requests offered to the queue.
+    pub arrived: u64,
+    /// Requests waiting now.
+    pub queue_depth: u64,
+    /// Dispatched and not finished now.
+    pub in_flight: u64,
+    /// Taken from the queue to an engine.
+    pub dispatched: u64,
+    /// Dispatched requests that ended.
+    pub finished: u64,
+    /// Left the queue because the client went away (or the router refused).
+    pub cancelled: u64,
+    /// Refused, by reason, in `kvgate_tenants::RejectReason::ALL` order:
+    /// queue full, in-flight limit, token rate (429), expired in the queue
+    /// (503).
+    pub rejected: [u64; 4],
+    /// Prompt tokens served (settled with the engine's count).
+    pub input_tokens: u64,
+    /// Output tokens served.
+    pub output_tokens: u64,
 }
 
 /// A peer kvgate instance this one hears from.

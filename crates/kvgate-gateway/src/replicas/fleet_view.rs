@@ -12,13 +12,15 @@ use kvgate_index::Tier;
 
 use crate::doors::peer_state::Peers;
 use crate::observe::snapshot::{
-    FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, PoolSnapshot, ReplicaSnapshot,
+    FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, PoolSnapshot, ReplicaSnapshot, TenantSnapshot,
 };
 use crate::replicas::directory::Directory;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::pool::Pools;
 use crate::replicas::replica::Replica;
+use crate::request::tenant_queue::TenantQueue;
 use kvgate_fleet::Fleet;
+use kvgate_tenants::RejectReason;
 
 /// The handles a snapshot reads (the decision log is in `fleet`).
 #[derive(Debug)]
@@ -42,8 +44,21 @@ impl FleetView {
             crate::observe::metrics::process_cpu_seconds(),
             crate::observe::metrics::process_rss_bytes(),
         );
-        self.fleet
-            .with(|fleet| self.snapshot_of(fleet, &replicas, peers, peer_targets, process, now))
+        // The tenant queues too: the request path takes a tenant queue's
+        // lock and then the fleet's, never the other way round.
+        let tenants: Vec<Vec<TenantSnapshot>> = self
+            .pools
+            .all()
+            .iter()
+            .map(|p| p.admission.tenants().map_or_else(Vec::new, |t| tenant_rows(t)))
+            .collect();
+        let mut snap = self
+            .fleet
+            .with(|fleet| self.snapshot_of(fleet, &replicas, peers, peer_targets, process, now));
+        for (pool, rows) in snap.pools.iter_mut().zip(tenants) {
+            pool.tenants = rows;
+        }
+        snap
     }
 
     fn snapshot_of(
@@ -73,7 +88,7 @@ impl FleetView {
             let decisions = [&m.routed, &m.waits, &m.rejected].map(|c| c.load(Ordering::Relaxed));
             let ledger = router.ledger_totals();
             let tentative = router.tentative_stats();
-            let waiting = pool.admission.len() as u64;
+            let waiting = pool.admission.waiting() as u64;
             out.ledger += ledger;
             out.tentative += tentative;
             out.admission_waiting += waiting;
@@ -96,6 +111,7 @@ impl FleetView {
                     .map(|c| c.load(Ordering::Relaxed))
                     .collect(),
                 transfer_s_per_token: fleet.transfer_s_per_token(id),
+                tenants: Vec::new(),
             });
         }
         for r in replicas {
@@ -161,4 +177,28 @@ impl FleetView {
         }
         out
     }
+}
+
+/// A tenant queue's counters, one row per tenant.
+fn tenant_rows(queue: &TenantQueue) -> Vec<TenantSnapshot> {
+    let rows = queue.rows().into_iter();
+    rows.map(|r| {
+        let c = r.counters;
+        TenantSnapshot {
+            tenant: r.tenant,
+            arrived: c.arrived,
+            queue_depth: c.queue_depth,
+            in_flight: c.in_flight,
+            dispatched: c.dispatched,
+            finished: c.finished,
+            cancelled: c.cancelled,
+            rejected: RejectReason::ALL.map(|reason| match reason {
+                RejectReason::Expired => c.expired,
+                other => c.rejected.get(other),
+            }),
+            input_tokens: c.input_tokens_served,
+            output_tokens: c.output_tokens_served,
+        }
+    })
+    .collect()
 }

@@ -12,6 +12,12 @@
 //! early when load changes ([`Admission::load_changed`], the router's load
 //! listener: a booking's first token or its release by any path, which is
 //! when a busy replica can stop being busy).
+//!
+//! A pool with tenants (`[tenants]`) orders its waiters by the tenant queue
+//! instead (`tenant_queue.rs`: bands, then VTC between tenants, then
+//! arrival); this queue then holds only requests already dispatched from it
+//! that must place again (a retry after a failed replica found every other
+//! one busy).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -21,6 +27,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::locks::lock;
+use crate::request::tenant_queue::TenantQueue;
 
 /// The queue of waiting requests.
 #[derive(Debug, Default)]
@@ -32,6 +39,8 @@ pub(crate) struct Admission {
     /// `inner.queue.len()`, readable without the lock on the request path
     /// (written under it).
     waiting: AtomicUsize,
+    /// The pool's tenant queue, with `[tenants]`.
+    tenants: Option<Arc<TenantQueue>>,
 }
 
 #[derive(Debug, Default)]
@@ -48,12 +57,27 @@ pub(crate) struct Ticket {
 }
 
 impl Admission {
-    /// Whether anyone is waiting.
+    /// A pool's admission with its tenant queue.
+    pub(crate) fn with_tenants(tenants: Option<Arc<TenantQueue>>) -> Admission {
+        Admission { tenants, ..Admission::default() }
+    }
+
+    /// The pool's tenant queue, if it has tenants.
+    pub(crate) fn tenants(&self) -> Option<&Arc<TenantQueue>> {
+        self.tenants.as_ref()
+    }
+
+    /// Whether anyone is waiting here (the tenant queue apart).
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// How many are waiting.
+    /// How many are waiting, here and in the tenant queue.
+    pub(crate) fn waiting(&self) -> usize {
+        self.len() + self.tenants.as_ref().map_or(0, |t| t.len())
+    }
+
+    /// How many are waiting here (the tenant queue apart).
     pub(crate) fn len(&self) -> usize {
         self.waiting.load(Ordering::Relaxed)
     }
@@ -74,6 +98,9 @@ impl Admission {
     pub(crate) fn load_changed(&self) {
         if !self.is_empty() {
             self.load.notify_waiters();
+        }
+        if let Some(t) = &self.tenants {
+            t.load_changed();
         }
     }
 

@@ -29,7 +29,9 @@ use crate::request::relay::{Relay, RelayContext};
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::response::answer;
 use crate::request::route::Route;
+use crate::request::tenant_queue::{Dispatched, TenantTicket};
 use kvgate_fleet::Failure;
+use kvgate_tenants::Usage;
 
 /// Routes and forwards `p`; `permit` bounds concurrency for the whole life
 /// of the response, streaming included.
@@ -55,7 +57,11 @@ pub(crate) async fn forward(
             Err(e) => return answer(&fwd.metrics, route, &c.owner, &e),
         }
     }
-    let mut attempts = Attempts::new(&fwd.placer, p.pool, exclude);
+    let tenant = fwd.placer.tenant_keys.from_headers(client_headers);
+    let mut attempts = match Attempts::new(&fwd.placer, &p, exclude, tenant) {
+        Ok(a) => a,
+        Err(e) => return answer(&fwd.metrics, route, "", &e),
+    };
     // A disaggregated pool may split it: both hops run here
     // (`pd_forward.rs`); a continued conversation stays whole where it is.
     attempts.split =
@@ -71,6 +77,7 @@ pub(crate) async fn forward(
             let span = crate::request::trace_context::stage_span!(traced, "decide");
             fwd.placer.place_or_split(&p, &mut attempts).instrument(span).await
         };
+        record_dispatch_on(&tracing::Span::current(), attempts.dispatched.as_ref());
         let routed = match placed {
             Ok(Placed::Whole(r)) => r,
             Ok(Placed::Split { prefill, decode }) => {
@@ -81,7 +88,8 @@ pub(crate) async fn forward(
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 fwd.placer.count_prompt(&p, 0);
                 record_decision(&replica, &routed);
-                return respond(fwd, &p, replica, routed, booking, resp, permit, t0).await;
+                let held = Held { booking, tenant: attempts.take_tenant(), permit };
+                return respond(fwd, &p, replica, routed, held, resp, t0).await;
             }
             Err(e) => return answer(&fwd.metrics, route, "", &e),
         };
@@ -100,7 +108,8 @@ pub(crate) async fn forward(
                 let cached = u64::from(routed.cached_blocks) * u64::from(fwd.block_size);
                 fwd.placer.count_prompt(&p, cached);
                 record_decision(&replica, &routed);
-                return respond(fwd, &p, replica, routed, booking, resp, permit, t0).await;
+                let held = Held { booking, tenant: attempts.take_tenant(), permit };
+                return respond(fwd, &p, replica, routed, held, resp, t0).await;
             }
             Err(err) => {
                 booking.finish(Outcome::Error);
@@ -126,6 +135,15 @@ pub(crate) async fn forward(
 pub(crate) fn record_decision(replica: &Replica, routed: &Routed) {
     record_decision_on(&tracing::Span::current(), replica, routed);
     tracing::debug!("routed");
+}
+
+/// How the request left its tenant queue, on `span`.
+pub(crate) fn record_dispatch_on(span: &tracing::Span, d: Option<&Dispatched>) {
+    if let Some(d) = d {
+        span.record("tenant", d.tenant.as_str());
+        span.record("queue_wait_s", d.waited.as_secs_f64());
+        span.record("waited_for", d.why.label());
+    }
 }
 
 /// The decision, on `span`.
@@ -165,17 +183,24 @@ fn response_headers(fwd: &Forwarder, replica: &Replica, upstream: &HeaderMap) ->
     h
 }
 
-#[allow(clippy::too_many_arguments)] // the request, where it went and what came back, each needed
+/// What a routed request holds until its answer ends: its booking, its
+/// place in the tenant queue (a pool with tenants) and its in-flight permit.
+struct Held {
+    booking: HeldBooking,
+    tenant: Option<TenantTicket>,
+    permit: InflightPermit,
+}
+
 async fn respond(
     fwd: &Forwarder,
     p: &Prepared,
     replica: Arc<Replica>,
     routed: Routed,
-    booking: HeldBooking,
+    held: Held,
     resp: EngineResponse,
-    permit: InflightPermit,
     t0: Instant,
 ) -> Response {
+    let Held { booking, tenant, permit } = held;
     let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let headers = response_headers(fwd, &replica, &resp.headers);
     let is_sse = resp
@@ -193,6 +218,7 @@ async fn respond(
             route: label,
             api: p.route.api(),
             rewriter: rewriter(fwd, p, &replica),
+            tenant: tenant.map(|t| (t, p.prompt_tokens)),
         };
         let relay = Relay::new(ctx, replica, booking, resp.body, permit, t0);
         let mut r = Response::new(Body::from_stream(relay.into_stream()));
@@ -222,7 +248,16 @@ async fn respond(
             };
             let outcome = if status.is_success() { Outcome::Finished } else { Outcome::Error };
             booking.finish(outcome);
-            record_whole_end(&bytes, outcome);
+            let end = record_whole_end(&bytes, outcome, tenant.is_some());
+            if let Some(t) = tenant {
+                let output_tokens = end.and_then(|e| e.output_tokens);
+                t.finish(
+                    output_tokens.map(|output_tokens| Usage {
+                        input_tokens: p.prompt_tokens,
+                        output_tokens,
+                    }),
+                );
+            }
             fwd.metrics.request(label, status.as_u16(), &replica.name);
             fwd.metrics.e2e(label, t0.elapsed().as_secs_f64());
             let mut r = Response::new(Body::from(bytes));
@@ -259,12 +294,18 @@ const MAX_END_READ: usize = 4 << 20;
 
 /// Records a whole answer's end on the request's span: its outcome, and
 /// when the request is traced (exported) its finish reason and output
-/// tokens, read from the body (a parse only traced requests pay for).
-fn record_whole_end(body: &[u8], outcome: Outcome) {
+/// tokens, read from the body (a parse only traced requests, and requests
+/// whose tenant is charged for their output, pay for). Returns what was read.
+fn record_whole_end(
+    body: &[u8],
+    outcome: Outcome,
+    usage_wanted: bool,
+) -> Option<kvgate_openai::AnswerEnd> {
     let span = tracing::Span::current();
     span.record("outcome", if outcome == Outcome::Finished { "finished" } else { "error" });
-    if !crate::request::trace_context::is_traced(&span) || body.len() > MAX_END_READ {
-        return;
+    let traced = crate::request::trace_context::is_traced(&span);
+    if !(traced || usage_wanted) || body.len() > MAX_END_READ {
+        return None;
     }
     let mut end = kvgate_openai::AnswerEnd::default();
     end.read(body);
@@ -274,6 +315,7 @@ fn record_whole_end(body: &[u8], outcome: Outcome) {
     if let Some(n) = end.output_tokens {
         span.record("output_tokens", crate::request::trace_context::int(n));
     }
+    Some(end)
 }
 
 /// The response-id rewriter of a Responses API answer from `replica`
@@ -296,3 +338,7 @@ mod tests;
 #[cfg(test)]
 #[path = "forward/replay_tests.rs"]
 mod replay_tests;
+
+#[cfg(test)]
+#[path = "forward/tenant_tests.rs"]
+mod tenant_tests;

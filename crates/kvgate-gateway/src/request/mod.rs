@@ -20,4 +20,5 @@ pub(crate) mod request_error;
 pub(crate) mod response;
 pub(crate) mod route;
 pub(crate) mod stored_responses;
+pub(crate) mod tenant_queue;
 pub(crate) mod trace_context;

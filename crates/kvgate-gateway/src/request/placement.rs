@@ -15,6 +15,7 @@ use kvgate_openai::ErrorResponse;
 use kvgate_router::{Decision, PdPlan, PdRefusal, RejectReason, Routed};
 
 use crate::clock;
+use crate::doors::tenant_keys::TenantKeys;
 use crate::observe::metrics::Metrics;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::pool::Pools;
@@ -22,6 +23,7 @@ use crate::request::adapter_load::AdapterLoader;
 use crate::request::admission::{Admission, Ticket};
 use crate::request::prepare::Prepared;
 use crate::request::request_error::{Reason, RequestError};
+use crate::request::tenant_queue::{Dispatched, TenantTicket, Verdict};
 use kvgate_fleet::PoolId;
 
 /// What a placement uses: the fleet (the decision), the pools (each with
@@ -34,6 +36,8 @@ pub(crate) struct Placer {
     pub(crate) metrics: Arc<Metrics>,
     /// Runtime loads of adapters no replica serves yet.
     pub(crate) loader: Arc<AdapterLoader>,
+    /// Which tenant a request belongs to (`[tenants]`; empty without).
+    pub(crate) tenant_keys: Arc<TenantKeys>,
 }
 
 /// Where a request goes.
@@ -68,32 +72,63 @@ pub(crate) struct Attempts {
     /// Its place in the admission queue, taken on arrival when others were
     /// already waiting; dropped once routed or refused.
     ticket: Option<Ticket>,
+    /// Its place in the pool's tenant queue (a pool with `[tenants]`):
+    /// waiting until dispatched, then held until the request ends
+    /// ([`Attempts::take_tenant`] hands it to the response).
+    tenant: Option<TenantTicket>,
+    /// How it left the tenant queue, once dispatched.
+    pub(crate) dispatched: Option<Dispatched>,
     /// The last failure of a replica tried.
     pub(crate) last_error: Option<RequestError>,
 }
 
 impl Attempts {
-    /// A new request's attempts, excluding `exclude` from the start. When
-    /// someone is already waiting for a replica, it queues behind them
-    /// rather than take the next free one first (`admission.rs`).
-    pub(crate) fn new(placer: &Placer, pool: PoolId, exclude: Vec<ReplicaId>) -> Attempts {
-        let admission = placer.admission(pool);
+    /// A new request's attempts, excluding `exclude` from the start. In a
+    /// pool with tenants it is offered to the tenant queue as a request of
+    /// `tenant` (`None`: the default tenant), which may refuse it (429 over
+    /// a limit). Otherwise, when someone is already waiting for a replica,
+    /// it queues behind them rather than take the next free one first
+    /// (`admission.rs`).
+    pub(crate) fn new(
+        placer: &Placer,
+        p: &Prepared,
+        exclude: Vec<ReplicaId>,
+        tenant: Option<&str>,
+    ) -> Result<Attempts, RequestError> {
+        let admission = placer.admission(p.pool);
         let mut queued_since = None;
-        let ticket = (!admission.is_empty()).then(|| {
-            queued_since = Some(clock::now());
+        let now = clock::now();
+        let tenant = match admission.tenants() {
+            Some(q) => {
+                let max_output = p.max_output.map_or(0, u64::from);
+                let t = q.enqueue(tenant, p.prompt_tokens, max_output, now);
+                Some(t.map_err(|r| placer.tenant_refused(p.pool, &r))?)
+            }
+            None => None,
+        };
+        let ticket = (tenant.is_none() && !admission.is_empty()).then(|| {
+            queued_since = Some(now);
             admission.join()
         });
         let not_serving = exclude.len();
-        Attempts {
+        Ok(Attempts {
             exclude,
             not_serving,
             split: false,
-            pool,
+            pool: p.pool,
             admission,
             queued_since,
             ticket,
+            tenant,
+            dispatched: None,
             last_error: None,
-        }
+        })
+    }
+
+    /// Its tenant ticket, for the response to finish with the engine's
+    /// usage (dropped, it finishes with the output counted so far).
+    pub(crate) fn take_tenant(&mut self) -> Option<TenantTicket> {
+        self.tenant.take()
     }
 
     /// Replicas tried and failed so far.
@@ -184,32 +219,23 @@ impl Placer {
         p: &Prepared,
         a: &mut Attempts,
     ) -> Result<Placed, RequestError> {
+        if a.tenant.as_ref().is_some_and(|t| !t.dispatched) {
+            if let Some(placed) = self.from_tenant_queue(p, a).await? {
+                return Ok(placed);
+            }
+        }
         loop {
             if let Some(t) = &a.ticket {
                 a.admission.turn(t).await;
             }
-            let (now, t0) = (clock::now(), Instant::now());
-            let req = p.route_request(a.queued_since, &a.exclude);
-            let plan = if a.split { self.fleet.plan(a.pool, &req, now) } else { None };
-            let decision = match plan {
-                Some(Ok(PdPlan::Split { prefill, decode })) => {
-                    self.metrics.decide_time(t0.elapsed().as_secs_f64());
+            let now = clock::now();
+            let decision = match self.one_decision(p, a, now, a.queued_since) {
+                Decided::Split(placed) => {
                     drop(a.ticket.take());
-                    return Ok(Placed::Split { prefill, decode });
+                    return Ok(placed);
                 }
-                Some(Ok(PdPlan::Aggregated(whole))) => {
-                    self.metrics.disagg_plan("bypass");
-                    Decision::Routed(whole)
-                }
-                Some(Ok(PdPlan::OnPrefill(whole))) => {
-                    self.metrics.disagg_plan("on_prefill");
-                    Decision::Routed(whole)
-                }
-                // No decode replica now: waits or is refused as any request.
-                Some(Err(PdRefusal::Decode(d))) => d,
-                None => self.fleet.route(a.pool, &req, now),
+                Decided::Decision(d) => d,
             };
-            self.metrics.decide_time(t0.elapsed().as_secs_f64());
             if !matches!(decision, Decision::Wait { .. }) {
                 // Routed or refused: the next in line goes now.
                 drop(a.ticket.take());
@@ -226,26 +252,156 @@ impl Placer {
                     a.admission.pause(retry_after).await;
                 }
                 Decision::Reject { reason, retry_after } => {
-                    let e = match (reason, a.last_error.take()) {
-                        // Every replica tried failed: report the last failure.
-                        (RejectReason::NoReplica, Some(e)) if a.tried() > 0 => {
-                            RequestError::new(Reason::NoReplica, e.body)
-                        }
-                        (RejectReason::NoReplica, _) => RequestError::new(
-                            Reason::NoReplica,
-                            ErrorResponse::unavailable(
-                                "no replica is available to serve this request",
-                            ),
-                        ),
-                        // Load shedding: 429, so that clients back off and retry.
-                        (RejectReason::AllBusy, _) => RequestError::new(
-                            Reason::AllBusy,
-                            ErrorResponse::rate_limited("every replica is busy; retry later"),
-                        ),
-                    };
-                    return Err(e.retry_after(retry_after));
+                    return Err(refusal(reason, retry_after, a));
                 }
             }
         }
     }
+
+    /// One decision for `p` at `now`: a disaggregated pool's plan while
+    /// [`Attempts::split`] allows one, else the pool router's.
+    fn one_decision(
+        &self,
+        p: &Prepared,
+        a: &Attempts,
+        now: Instant,
+        queued_since: Option<Instant>,
+    ) -> Decided {
+        let t0 = Instant::now();
+        let req = p.route_request(queued_since, &a.exclude);
+        let plan = if a.split { self.fleet.plan(a.pool, &req, now) } else { None };
+        let decision = match plan {
+            Some(Ok(PdPlan::Split { prefill, decode })) => {
+                self.metrics.decide_time(t0.elapsed().as_secs_f64());
+                return Decided::Split(Placed::Split { prefill, decode });
+            }
+            Some(Ok(PdPlan::Aggregated(whole))) => {
+                self.metrics.disagg_plan("bypass");
+                Decision::Routed(whole)
+            }
+            Some(Ok(PdPlan::OnPrefill(whole))) => {
+                self.metrics.disagg_plan("on_prefill");
+                Decision::Routed(whole)
+            }
+            // No decode replica now: waits or is refused as any request.
+            Some(Err(PdRefusal::Decode(d))) => d,
+            None => self.fleet.route(a.pool, &req, now),
+        };
+        self.metrics.decide_time(t0.elapsed().as_secs_f64());
+        Decided::Decision(decision)
+    }
+
+    /// Waits in the pool's tenant queue until `p` is dispatched (placed
+    /// there, `Some`), refused (the router's refusal, or 503 when its
+    /// band's TTL ran out), or dispatched without a place (`None`: it
+    /// places again as any dispatched request).
+    async fn from_tenant_queue(
+        &self,
+        p: &Prepared,
+        a: &mut Attempts,
+    ) -> Result<Option<Placed>, RequestError> {
+        let Some(mut ticket) = a.tenant.take() else { return Ok(None) };
+        let Some(queue) = a.admission.tenants().cloned() else { return Ok(None) };
+        // The band's TTL bounds the wait, not the router's
+        // `max_queue_wait_ms`: a head that waited before asks as one that
+        // has just begun to (its re-polls stay out of the decision log).
+        let mut waited = false;
+        let decided = queue
+            .until_decided(&mut ticket, |now| {
+                let decided = self.one_decision(p, a, now, waited.then_some(now));
+                waited |= matches!(decided, Decided::Decision(Decision::Wait { .. }));
+                let verdict = match &decided {
+                    Decided::Split(_) | Decided::Decision(Decision::Routed(_)) => Verdict::Dispatch,
+                    Decided::Decision(Decision::Wait { retry_after }) => {
+                        Verdict::Wait(*retry_after)
+                    }
+                    Decided::Decision(Decision::Reject { .. }) => Verdict::Leave,
+                };
+                (decided, verdict)
+            })
+            .await;
+        let (decided, dispatched) = match decided {
+            Ok(d) => d,
+            Err(rejection) => return Err(self.tenant_refused(a.pool, &rejection)),
+        };
+        if let Some(d) = &dispatched {
+            self.metrics.tenant_wait(self.pool_name(a.pool), &d.tenant, d.waited.as_secs_f64());
+            tracing::debug!(tenant = %d.tenant, waited_s = d.waited.as_secs_f64(), waited_for = d.why.label(), "dispatched from the tenant queue");
+        }
+        if let Some(d) = &dispatched {
+            let booked = match &decided {
+                Decided::Split(Placed::Split { prefill, decode }) => {
+                    vec![prefill.booking.id(), decode.booking.id()]
+                }
+                Decided::Decision(Decision::Routed(r)) => vec![r.booking.id()],
+                _ => Vec::new(),
+            };
+            for b in booked {
+                queue.note(b, d);
+            }
+        }
+        a.dispatched = dispatched;
+        a.tenant = Some(ticket);
+        match decided {
+            Decided::Split(placed) => Ok(Some(placed)),
+            Decided::Decision(Decision::Routed(r)) => Ok(Some(Placed::Whole(r))),
+            Decided::Decision(Decision::Reject { reason, retry_after }) => {
+                Err(refusal(reason, retry_after, a))
+            }
+            // Not a verdict that ends the wait.
+            Decided::Decision(Decision::Wait { .. }) => Ok(None),
+        }
+    }
+
+    /// The pool's name (metrics labels).
+    fn pool_name(&self, pool: PoolId) -> &str {
+        self.pools.get(pool).map_or("", |p| p.name.as_str())
+    }
+
+    /// A tenant queue's refusal as the request path's error, counted per
+    /// tenant by the queue itself.
+    pub(crate) fn tenant_refused(
+        &self,
+        pool: PoolId,
+        r: &kvgate_tenants::Rejection,
+    ) -> RequestError {
+        tracing::debug!(
+            pool = self.pool_name(pool),
+            reason = r.reason().as_str(),
+            "tenant queue refused"
+        );
+        RequestError::from_tenant(r)
+    }
+}
+
+/// A decision: a split placed at once, or the router's.
+enum Decided {
+    Split(Placed),
+    Decision(Decision),
+}
+
+/// The router's refusal as the request path's error: 503 when no replica
+/// can serve (with the last replica's failure when every one tried failed),
+/// 429 when every replica is busy.
+fn refusal(
+    reason: RejectReason,
+    retry_after: std::time::Duration,
+    a: &mut Attempts,
+) -> RequestError {
+    let e = match (reason, a.last_error.take()) {
+        // Every replica tried failed: report the last failure.
+        (RejectReason::NoReplica, Some(e)) if a.tried() > 0 => {
+            RequestError::new(Reason::NoReplica, e.body)
+        }
+        (RejectReason::NoReplica, _) => RequestError::new(
+            Reason::NoReplica,
+            ErrorResponse::unavailable("no replica is available to serve this request"),
+        ),
+        // Load shedding: 429, so that clients back off and retry.
+        (RejectReason::AllBusy, _) => RequestError::new(
+            Reason::AllBusy,
+            ErrorResponse::rate_limited("every replica is busy; retry later"),
+        ),
+    };
+    e.retry_after(retry_after)
 }

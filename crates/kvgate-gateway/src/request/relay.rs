@@ -51,7 +51,9 @@ use crate::request::booking::HeldBooking;
 use crate::request::engine_client::BodyStream;
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::Api;
+use crate::request::tenant_queue::TenantTicket;
 use kvgate_fleet::Failure;
+use kvgate_tenants::Usage;
 
 /// Largest single SSE event the tap parses (bigger events pass through but
 /// are not inspected).
@@ -82,6 +84,9 @@ pub(crate) struct RelayContext {
     pub(crate) api: Api,
     /// Rewrites response ids in the stream (Responses API only).
     pub(crate) rewriter: Option<Rewriter>,
+    /// The request's place in its pool's tenant queue and its prompt
+    /// tokens: finished at the end with the engine's usage.
+    pub(crate) tenant: Option<(TenantTicket, u64)>,
 }
 
 pub(crate) struct Relay {
@@ -104,8 +109,11 @@ pub(crate) struct Relay {
     /// The request's span: the stream is polled outside it, so its first
     /// token and end are recorded on it by hand.
     span: tracing::Span,
-    /// The stream's last bytes, when the request is traced.
+    /// The stream's last bytes, when the request is traced or its tenant
+    /// is charged for its output.
     tail: Option<Tail>,
+    /// Its tenant ticket and prompt tokens (`RelayContext::tenant`).
+    tenant: Option<(TenantTicket, u64)>,
     _permit: InflightPermit,
 }
 
@@ -127,7 +135,8 @@ impl Relay {
         permit: InflightPermit,
         t0: Instant,
     ) -> Relay {
-        let RelayContext { metrics, fleet, idle, route, api, rewriter } = ctx;
+        let RelayContext { metrics, fleet, idle, route, api, rewriter, tenant } = ctx;
+        let keep_tail = crate::request::trace_context::in_traced_request() || tenant.is_some();
         Relay {
             metrics,
             fleet,
@@ -145,7 +154,8 @@ impl Relay {
             first_seen: false,
             done: false,
             rewriter,
-            tail: crate::request::trace_context::in_traced_request().then(Tail::default),
+            tail: keep_tail.then(Tail::default),
+            tenant,
             span: tracing::Span::current(),
             _permit: permit,
         }
@@ -257,6 +267,7 @@ impl Relay {
             if let Some(n) = end.output_tokens {
                 self.span.record("output_tokens", crate::request::trace_context::int(n));
             }
+            self.finish_tenant(end.output_tokens);
         }
         if let Some(e) = &error {
             self.span.record("error", e.reason.label());
@@ -344,8 +355,27 @@ impl Tail {
     }
 }
 
+impl Relay {
+    /// Settles the tenant's charge: the engine's output count from the
+    /// stream's final usage, else (OpenAI streams, one token per chunk as
+    /// vLLM sends them by default) its events less `[DONE]`.
+    fn finish_tenant(&mut self, output_tokens: Option<u64>) {
+        let Some((ticket, input_tokens)) = self.tenant.take() else { return };
+        let counted = || match self.api {
+            Api::OpenAi => Some(self.framing.events().saturating_sub(1)),
+            Api::Anthropic | Api::Responses => None,
+        };
+        let usage = output_tokens
+            .or_else(counted)
+            .map(|output_tokens| Usage { input_tokens, output_tokens });
+        ticket.finish(usage);
+    }
+}
+
 impl Drop for Relay {
     fn drop(&mut self) {
+        // The client went away: the tenant is charged for what was streamed.
+        self.finish_tenant(None);
         if let Some(b) = self.booking.take() {
             // The client went away mid-stream.
             b.finish(Outcome::Cancelled);

@@ -59,10 +59,18 @@ pub(crate) enum Reason {
     Upstream,
     IdleTimeout,
     ClientDisconnect,
+    /// The tenant queue's band is full.
+    TenantQueueFull,
+    /// The tenant has `max_in_flight` requests admitted.
+    TenantInFlight,
+    /// The tenant's tokens per minute leave no room.
+    TenantTokenRate,
+    /// The request waited its band's queue TTL.
+    QueueExpired,
 }
 
 impl Reason {
-    pub(crate) const ALL: [Reason; 14] = [
+    pub(crate) const ALL: [Reason; 18] = [
         Reason::AllBusy,
         Reason::NoReplica,
         Reason::Overloaded,
@@ -77,6 +85,10 @@ impl Reason {
         Reason::Upstream,
         Reason::IdleTimeout,
         Reason::ClientDisconnect,
+        Reason::TenantQueueFull,
+        Reason::TenantInFlight,
+        Reason::TenantTokenRate,
+        Reason::QueueExpired,
     ];
 
     /// The metric label.
@@ -96,6 +108,10 @@ impl Reason {
             Reason::Upstream => "upstream",
             Reason::IdleTimeout => "idle_timeout",
             Reason::ClientDisconnect => "client_disconnect",
+            Reason::TenantQueueFull => "tenant_queue_full",
+            Reason::TenantInFlight => "tenant_in_flight_limit",
+            Reason::TenantTokenRate => "tenant_token_rate",
+            Reason::QueueExpired => "queue_expired",
         }
     }
 
@@ -115,10 +131,15 @@ impl Reason {
             | Reason::Invalid
             | Reason::KeyThrottled
             | Reason::PeerUnauthorized
-            | Reason::ClientDisconnect => Source::Client,
-            Reason::AllBusy | Reason::NoReplica | Reason::Overloaded | Reason::ShuttingDown => {
-                Source::Gateway
-            }
+            | Reason::ClientDisconnect
+            | Reason::TenantInFlight
+            | Reason::TenantTokenRate => Source::Client,
+            Reason::AllBusy
+            | Reason::NoReplica
+            | Reason::Overloaded
+            | Reason::ShuttingDown
+            | Reason::TenantQueueFull
+            | Reason::QueueExpired => Source::Gateway,
             Reason::Connect
             | Reason::Status5xx
             | Reason::Timeout
@@ -177,6 +198,28 @@ impl RequestError {
     /// This error and each of its causes, `: `-separated (for the log).
     pub(crate) fn chain(&self) -> String {
         with_causes(self)
+    }
+
+    /// A tenant queue's refusal: 429 with `Retry-After` over a tenant or
+    /// band limit, 503 when the band's queue TTL ran out; the body says
+    /// which limit and its numbers.
+    pub(crate) fn from_tenant(r: &kvgate_tenants::Rejection) -> RequestError {
+        use kvgate_tenants::RejectReason as R;
+        let reason = match r.reason() {
+            R::QueueFull => Reason::TenantQueueFull,
+            R::InFlightLimit => Reason::TenantInFlight,
+            R::TokenRate => Reason::TenantTokenRate,
+            R::Expired => Reason::QueueExpired,
+        };
+        let body = match r.status() {
+            503 => ErrorResponse::unavailable(r.to_string()),
+            _ => ErrorResponse::rate_limited(r.to_string()),
+        };
+        let e = RequestError::new(reason, body);
+        match r.retry_after() {
+            Some(after) => e.retry_after(after),
+            None => e,
+        }
     }
 
     pub(crate) fn retry_after(mut self, after: Duration) -> RequestError {

@@ -44,7 +44,9 @@ use crate::request::placement::Attempts;
 use crate::request::prepare::{self, Prepared};
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::{Api, Route};
+use crate::request::tenant_queue::TenantTicket;
 use kvgate_fleet::Failure;
+use kvgate_tenants::Usage;
 
 /// Largest single SSE event inspected for the first token.
 const MAX_EVENT_BYTES: usize = 4 << 20;
@@ -113,6 +115,9 @@ enum Stage {
 struct Placed {
     replica: Arc<Replica>,
     booking: Option<HeldBooking>,
+    /// Its place in the pool's tenant queue (`[tenants]`), finished with
+    /// the booking; dropped with the stream, it is finished as cancelled.
+    tenant: Option<TenantTicket>,
     label: &'static str,
     /// Its route's API: how the answer's first token and end look.
     api: Api,
@@ -351,7 +356,14 @@ impl Exchange {
                 }
             }
         }
-        let mut attempts = Attempts::new(&ctx.placer, p.pool, exclude);
+        // The tenant as the proxy takes it: the key's, or the header's from
+        // a key that may name tenants.
+        let named = wire::header_str(&headers, ctx.placer.tenant_keys.header());
+        let tenant = ctx.placer.tenant_keys.tenant_of(token, named);
+        let mut attempts = match Attempts::new(&ctx.placer, &p, exclude, tenant) {
+            Ok(a) => a,
+            Err(e) => return vec![self.refuse(route, e)],
+        };
         let (routed, replica) = loop {
             let decide =
                 crate::request::trace_context::stage_span!(traced, parent: &span, "decide");
@@ -369,6 +381,7 @@ impl Exchange {
             }
         };
         replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::request::forward::record_dispatch_on(&span, attempts.dispatched.as_ref());
         let cached = u64::from(routed.cached_blocks) * u64::from(ctx.block_size);
         ctx.placer.count_prompt(&p, cached);
         let endpoints = endpoint_list(&ctx, &replica.endpoint, &routed, &attempts.exclude);
@@ -409,7 +422,9 @@ impl Exchange {
         }
         let booking = HeldBooking::new(Arc::clone(&ctx.fleet), routed.booking);
         let api = route.map_or(Api::OpenAi, Route::api);
-        self.placed = Some(Placed { replica, booking: Some(booking), label, api, prepared: p });
+        let tenant = attempts.take_tenant();
+        self.placed =
+            Some(Placed { replica, booking: Some(booking), tenant, label, api, prepared: p });
         self.permit = Some(permit);
         replies
     }
@@ -536,6 +551,15 @@ impl Exchange {
         };
         let ok = (200..300).contains(&status) && (!self.watch.sse || ended);
         b.finish(if ok { Outcome::Finished } else { Outcome::Error });
+        if let Some(t) = p.tenant.take() {
+            // The gateway carries the bytes and only the framing is
+            // scanned: an OpenAI stream's events less `[DONE]`, one token
+            // each as vLLM sends them by default; else the prompt alone.
+            let streamed = self.watch.sse && p.api == Api::OpenAi;
+            let output = streamed.then(|| self.watch.framing.events().saturating_sub(1));
+            let input_tokens = p.prepared.prompt_tokens;
+            t.finish(output.map(|output_tokens| Usage { input_tokens, output_tokens }));
+        }
         let m = &self.ctx.metrics;
         m.request(p.label, status, &p.replica.name);
         m.e2e(p.label, self.t0.elapsed().as_secs_f64());

@@ -83,7 +83,7 @@ async fn through_forward(
     (status, headers, String::from_utf8(body.to_vec()).expect("utf-8"))
 }
 
-fn metrics(api: &ApiContext) -> String {
+pub(super) fn metrics(api: &ApiContext) -> String {
     api.metrics.render(&api.view.snapshot(Instant::now()))
 }
 

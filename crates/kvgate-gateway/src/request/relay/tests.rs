@@ -139,6 +139,7 @@ fn relay(route: Route) -> Harness {
         route: route.label(),
         api: route.api(),
         rewriter: None,
+        tenant: None,
     };
     let booking = HeldBooking::new(Arc::clone(&fleet), routed.booking);
     // The permit the shedding layer would have given it (shed.rs).
