@@ -51,7 +51,7 @@ impl TenantKeys {
     }
 
     /// [`TenantKeys::tenant_of`] for the proxy's request headers.
-    pub(crate) fn from_headers<'a>(&'a self, headers: &'a HeaderMap) -> Option<&'a str> {
+    pub(crate) fn in_headers<'a>(&'a self, headers: &'a HeaderMap) -> Option<&'a str> {
         let named = headers.get(self.header.as_str()).and_then(|v| v.to_str().ok());
         self.tenant_of(bearer(headers), named)
     }
@@ -94,6 +94,6 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("authorization", "Bearer key-of-front".parse().unwrap());
         h.insert("x-kvgate-tenant", "initech".parse().unwrap());
-        assert_eq!(k.from_headers(&h), Some("initech"));
+        assert_eq!(k.in_headers(&h), Some("initech"));
     }
 }

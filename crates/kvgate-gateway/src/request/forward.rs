@@ -57,7 +57,7 @@ pub(crate) async fn forward(
             Err(e) => return answer(&fwd.metrics, route, &c.owner, &e),
         }
     }
-    let tenant = fwd.placer.tenant_keys.from_headers(client_headers);
+    let tenant = fwd.placer.tenant_keys.in_headers(client_headers);
     let mut attempts = match Attempts::new(&fwd.placer, &p, exclude, tenant) {
         Ok(a) => a,
         Err(e) => return answer(&fwd.metrics, route, "", &e),

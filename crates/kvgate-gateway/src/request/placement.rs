@@ -94,7 +94,7 @@ impl Attempts {
         p: &Prepared,
         exclude: Vec<ReplicaId>,
         tenant: Option<&str>,
-    ) -> Result<Attempts, RequestError> {
+    ) -> Result<Attempts, Box<RequestError>> {
         let admission = placer.admission(p.pool);
         let mut queued_since = None;
         let now = clock::now();
@@ -102,7 +102,7 @@ impl Attempts {
             Some(q) => {
                 let max_output = p.max_output.map_or(0, u64::from);
                 let t = q.enqueue(tenant, p.prompt_tokens, max_output, now);
-                Some(t.map_err(|r| placer.tenant_refused(p.pool, &r))?)
+                Some(t.map_err(|r| Box::new(placer.tenant_refused(p.pool, &r)))?)
             }
             None => None,
         };
@@ -220,7 +220,7 @@ impl Placer {
         a: &mut Attempts,
     ) -> Result<Placed, RequestError> {
         if a.tenant.as_ref().is_some_and(|t| !t.dispatched) {
-            if let Some(placed) = self.from_tenant_queue(p, a).await? {
+            if let Some(placed) = self.wait_in_tenant_queue(p, a).await? {
                 return Ok(placed);
             }
         }
@@ -295,7 +295,7 @@ impl Placer {
     /// there, `Some`), refused (the router's refusal, or 503 when its
     /// band's TTL ran out), or dispatched without a place (`None`: it
     /// places again as any dispatched request).
-    async fn from_tenant_queue(
+    async fn wait_in_tenant_queue(
         &self,
         p: &Prepared,
         a: &mut Attempts,

@@ -362,7 +362,7 @@ impl Exchange {
         let tenant = ctx.placer.tenant_keys.tenant_of(token, named);
         let mut attempts = match Attempts::new(&ctx.placer, &p, exclude, tenant) {
             Ok(a) => a,
-            Err(e) => return vec![self.refuse(route, e)],
+            Err(e) => return vec![self.refuse(route, *e)],
         };
         let (routed, replica) = loop {
             let decide =

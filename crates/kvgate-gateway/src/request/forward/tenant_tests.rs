@@ -122,9 +122,9 @@ async fn until(what: &str, mut cond: impl FnMut() -> bool) {
     panic!("never happened: {what}");
 }
 
-/// Every tenant's counts close: arrived = refused + dispatched + cancelled
-/// + waiting (expiries are among the refused), dispatched = finished + in
-/// flight.
+/// Every tenant's counts close: arrived is refused, dispatched, cancelled
+/// or waiting (expiries are among the refused), and dispatched is finished
+/// or in flight.
 fn assert_balanced(api: &ApiContext) {
     for t in tenants(api) {
         let refused: u64 = t.rejected.iter().sum();
