@@ -139,7 +139,7 @@ class Point:
             ],
             f"sim-m{self.m}-n{self.n}",
         )
-        deadline = time.time() + 120
+        deadline = time.time() + 300
         for i in range(self.m):
             while http_get(self.engine_url(i) + "/health", 1.0)[0] != 200:
                 if self.sim.poll() is not None or time.time() > deadline:
@@ -163,7 +163,7 @@ class Point:
                     if j != k:
                         cmd += ["--peer", f"http://127.0.0.1:{o + 18600 + j}"]
             self.serves.append(self.spawn(cmd, f"serve-m{self.m}-n{self.n}-{k}"))
-        deadline = time.time() + 180
+        deadline = time.time() + 300
         for k, p in enumerate(self.serves):
             while http_get(self.api(k) + "/ready", 1.0)[0] != 200:
                 if p.poll() is not None or time.time() > deadline:
