@@ -8,7 +8,7 @@
 //! what a reader pays: one thread runs prefix matches of a 256-block prompt
 //! under the read lock back to back, timing each from asking for the lock to
 //! the answer, while another clears a replica of 1M blocks, both ways, in one
-//! run. Target (issue 19): p99 at most 1 ms during the clear.
+//! run. Target: p99 at most 1 ms during the clear.
 //!
 //! `cargo run --release -p kvgate-index --example clear_stall`
 
