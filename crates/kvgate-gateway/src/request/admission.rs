@@ -1,10 +1,10 @@
 //! First-come admission for requests that find every replica busy.
 //!
-//! Before, each waiting request polled the router on its own timer, so when
-//! a replica freed up, whichever poll came next took it: arrival order did
-//! not count, and every poll of every waiter wrote a `Wait` entry that
-//! pushed real decisions out of the decision log. Now waiters stand in one
-//! queue: only the head asks the router (at `router.queue_poll_ms`), a
+//! Waiters stand in one queue, because waiters that each polled the router
+//! on their own timer would take a freed replica in poll order, not arrival
+//! order, and every poll of every waiter would write a `Wait` entry that
+//! pushes real decisions out of the decision log. Only the head asks the
+//! router (at `router.queue_poll_ms`), a
 //! request that arrives while anyone waits queues behind them instead of
 //! deciding first, and the next in line is woken the moment the head is
 //! routed, rejected or gives up (its [`Ticket`] dropped). The head itself
