@@ -46,8 +46,7 @@ pub use config::{GatewayConfig, Passthrough, ReplicaConfig};
 pub use doors::server::Gateway;
 pub use error::{ConfigError, StartError};
 pub use observe::snapshot::{
-    FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, PoolSnapshot, ReplicaSnapshot,
-    TenantSnapshot,
+    FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, PoolSnapshot, ReplicaSnapshot, TenantSnapshot,
 };
 pub use request::trace_context::{
     count_dropped_spans, set_root_sampler, RootSampler, TRACED as TRACED_TARGET,
