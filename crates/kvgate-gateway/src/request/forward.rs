@@ -16,13 +16,14 @@ use kvgate_router::{Outcome, Routed};
 
 use crate::clock;
 use crate::doors::shed::InflightPermit;
+use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
 use crate::request::booking::HeldBooking;
 use crate::request::conversation;
 use crate::request::engine_client::EngineResponse;
 pub(crate) use crate::request::forwarder::Forwarder;
 use crate::request::forwarder::{read_capped, send, MAX_WHOLE_RESPONSE};
-use crate::request::pd_forward::{self, Decoded};
+use crate::request::pd_forward::{self, Decoded, Failed};
 use crate::request::placement::{Attempts, Placed};
 use crate::request::prepare::Prepared;
 use crate::request::relay::{Relay, RelayContext};
@@ -30,7 +31,7 @@ use crate::request::request_error::{Reason, RequestError};
 use crate::request::response::answer;
 use crate::request::route::Route;
 use crate::request::tenant_queue::{Dispatched, TenantTicket};
-use kvgate_fleet::Failure;
+use kvgate_index::ReplicaId;
 use kvgate_tenants::Usage;
 
 /// Routes and forwards `p`; `permit` bounds concurrency for the whole life
@@ -69,7 +70,8 @@ pub(crate) async fn forward(
     let max_retries = fwd.limits.max_retries;
     // The one retry loop: placed (admission included), sent, and on a
     // failure before the first byte placed again without the replica that
-    // failed (or, after a failed split, whole).
+    // failed (or, after a failed split, whole). Each failed replica is
+    // reported here, once, from its error (`report`).
     loop {
         // The decision, with the admission wait when every replica is busy.
         let placed = {
@@ -82,14 +84,24 @@ pub(crate) async fn forward(
             Ok(Placed::Whole(r)) => r,
             Ok(Placed::Split { prefill, decode }) => {
                 let hops = pd_forward::hops(fwd, &p, &fwd_headers, prefill, decode, &mut attempts);
-                let Some(Decoded { replica, routed, booking, resp }) = hops.await else {
-                    continue;
+                let Decoded { replica, routed, booking, resp } = match hops.await {
+                    Ok(decoded) => decoded,
+                    Err(failed) => {
+                        if let Some(Failed { replica, error, last }) = failed {
+                            report(&fwd.fleet, replica, &error);
+                            if last {
+                                attempts.last_error = Some(error);
+                            }
+                        }
+                        continue;
+                    }
                 };
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 fwd.placer.count_prompt(&p, 0);
                 record_decision(&replica, &routed);
                 let held = Held { booking, tenant: attempts.take_tenant(), permit };
-                return respond(fwd, &p, replica, routed, held, resp, t0).await;
+                let answered = respond(fwd, &p, replica, routed, held, resp, t0).await;
+                return answered.unwrap_or_else(|u| unanswered(fwd, &p, u));
             }
             Err(e) => return answer(&fwd.metrics, route, "", &e),
         };
@@ -109,13 +121,14 @@ pub(crate) async fn forward(
                 fwd.placer.count_prompt(&p, cached);
                 record_decision(&replica, &routed);
                 let held = Held { booking, tenant: attempts.take_tenant(), permit };
-                return respond(fwd, &p, replica, routed, held, resp, t0).await;
+                let answered = respond(fwd, &p, replica, routed, held, resp, t0).await;
+                return answered.unwrap_or_else(|u| unanswered(fwd, &p, u));
             }
             Err(err) => {
                 booking.finish(Outcome::Error);
                 let (reason, message) = (err.reason.label(), &err.body.error.message);
                 tracing::warn!(replica = %replica.name, %reason, error = %message, "engine failed; trying another replica");
-                fwd.fleet.failed(replica.id, message.clone(), Failure::Error, clock::now());
+                report(&fwd.fleet, replica.id, &err);
                 fwd.metrics.count(err.reason);
                 attempts.exclude.push(replica.id);
                 // A pinned request has no other replica to try.
@@ -129,6 +142,33 @@ pub(crate) async fn forward(
             }
         }
     }
+}
+
+/// Reports to the fleet what `err` says about `replica`, if it says the
+/// replica failed ([`RequestError::failure`]): a connection that found
+/// nothing listening takes it out of rotation at once, any other engine
+/// failure counts toward `unhealthy_after`. The request path's one report
+/// of a failed attempt: the retry loop above calls it once per attempt, and
+/// the endpoint picker for the attempts its gateway ran; the relay reports
+/// a stream that broke after its first byte.
+pub(crate) fn report(fleet: &FleetHandle, replica: ReplicaId, err: &RequestError) {
+    if let Some(failure) = err.failure() {
+        fleet.failed(replica, err.body.error.message.clone(), failure, clock::now());
+    }
+}
+
+/// A whole answer that broke while read: its replica reported, and the
+/// error answered, naming the replica as a served answer would.
+fn unanswered(fwd: &Forwarder, p: &Prepared, u: Unanswered) -> Response {
+    let Unanswered { replica, error } = u;
+    report(&fwd.fleet, replica.id, &error);
+    let mut r = answer(&fwd.metrics, Some(p.route), &replica.name, &error);
+    if fwd.replica_header {
+        if let Ok(v) = HeaderValue::from_str(&replica.name) {
+            r.headers_mut().insert("x-kvgate-replica", v);
+        }
+    }
+    r
 }
 
 /// The decision, on the request's span.
@@ -191,6 +231,15 @@ struct Held {
     permit: InflightPermit,
 }
 
+/// A routed request whose answer failed before any of it was sent: the
+/// loop reports the replica and answers with the error.
+struct Unanswered {
+    replica: Arc<Replica>,
+    error: RequestError,
+}
+
+/// The engine's answer to the client: a stream through the relay, or the
+/// whole body. `Err` when a whole body could not be read.
 async fn respond(
     fwd: &Forwarder,
     p: &Prepared,
@@ -199,7 +248,7 @@ async fn respond(
     held: Held,
     resp: EngineResponse,
     t0: Instant,
-) -> Response {
+) -> Result<Response, Unanswered> {
     let Held { booking, tenant, permit } = held;
     let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let headers = response_headers(fwd, &replica, &resp.headers);
@@ -224,7 +273,7 @@ async fn respond(
         let mut r = Response::new(Body::from_stream(relay.into_stream()));
         *r.status_mut() = status;
         *r.headers_mut() = headers;
-        return r;
+        return Ok(r);
     }
     // Whole responses: the first token is not observable, so the booking
     // moves to decoding when the model predicted it would (no calibration
@@ -263,7 +312,7 @@ async fn respond(
             let mut r = Response::new(Body::from(bytes));
             *r.status_mut() = status;
             *r.headers_mut() = headers;
-            r
+            Ok(r)
         }
         Err(e) => {
             booking.finish(Outcome::Error);
@@ -271,18 +320,7 @@ async fn respond(
                 "replica {} failed while answering: {e}",
                 replica.name
             ));
-            let error = err.error.message.clone();
-            fwd.fleet.failed(replica.id, error, Failure::Error, clock::now());
-            let mut r = answer(
-                &fwd.metrics,
-                Some(p.route),
-                &replica.name,
-                &RequestError::new(Reason::Upstream, err),
-            );
-            if let Some(v) = headers.get("x-kvgate-replica") {
-                r.headers_mut().insert("x-kvgate-replica", v.clone());
-            }
-            r
+            Err(Unanswered { replica, error: RequestError::new(Reason::Upstream, err) })
         }
     }
 }

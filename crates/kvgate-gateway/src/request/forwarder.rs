@@ -1,6 +1,6 @@
 //! The forwarder (what routing and forwarding share) and sending one body
-//! to one engine: the first-byte timeout, an unreachable engine taken out of
-//! rotation, a 5xx read for its message. `forward.rs` (whole requests) and
+//! to one engine: the first-byte timeout, an unreachable engine's error
+//! marked as such, a 5xx read for its message. `forward.rs` (whole requests) and
 //! `pd_forward.rs` (a disaggregated request's two hops) both send here.
 
 use std::sync::Arc;
@@ -11,7 +11,6 @@ use axum::http::{header, HeaderValue};
 use futures_util::StreamExt;
 use kvgate_openai::ErrorResponse;
 
-use crate::clock;
 use crate::config::settings::RequestLimits;
 use crate::observe::metrics::Metrics;
 use crate::replicas::directory::Directory;
@@ -23,13 +22,13 @@ use crate::request::engine_client::{
 use crate::request::placement::Placer;
 use crate::request::prepare::Prepared;
 use crate::request::request_error::{Reason, RequestError};
-use kvgate_fleet::Failure;
 
 /// Largest engine error body read to relay its message, bytes.
 const MAX_ERROR_BODY: usize = 64 << 10;
 
 /// What routing and forwarding a request use: the placement (the fleet's
-/// decision and the admission queue), the fleet handle (report failures),
+/// decision and the admission queue), the fleet handle (the retry loop
+/// reports failures, the relay gets it),
 /// the directory (where the chosen replica is), the engines, the metrics,
 /// and the request path's settings. Built once by the wiring.
 #[derive(Debug)]
@@ -48,7 +47,9 @@ pub(crate) struct Forwarder {
     pub(crate) affinity: crate::request::affinity::AffinityKey,
 }
 
-/// Sends the request; `Err` when another replica should be tried.
+/// Sends the request; `Err` when another replica should be tried (what
+/// the error says about this replica, [`RequestError::failure`], is for
+/// the caller to report).
 pub(crate) async fn send(
     fwd: &Forwarder,
     p: &Prepared,
@@ -106,15 +107,14 @@ async fn send_in(
             return Err(RequestError::new(Reason::Timeout, e));
         }
         Ok(Err(err)) => {
-            if matches!(err, SendError::Unreachable(_)) {
-                // Nothing listens there (refused, unreachable): the replica
-                // is gone, not slow; take it out of rotation at once.
-                let error = format!("connect failed: {err}");
-                fwd.fleet.failed(replica.id, error, Failure::Unreachable, clock::now());
-            }
+            // Nothing listens there (refused, unreachable): the replica is
+            // gone, not slow, and the error says so (out of rotation at once
+            // when the retry loop reports it).
+            let gone = matches!(err, SendError::Unreachable(_));
             let e =
                 ErrorResponse::bad_gateway(format!("replica {} unreachable: {err}", replica.name));
-            return Err(RequestError::new(Reason::Connect, e).caused_by(err));
+            let e = RequestError::new(Reason::Connect, e).caused_by(err);
+            return Err(if gone { e.unreachable() } else { e });
         }
         Ok(Ok(r)) => r,
     };

@@ -12,16 +12,17 @@
 //!    `max_tokens: 1`, not streamed, without `stream_options`,
 //!    `min_tokens` and `min_completion_tokens` (vLLM refuses
 //!    `min_tokens > max_tokens`). A prefill replica that fails (connection,
-//!    5xx, timeout, or no `kv_transfer_params` in its answer) is marked and
-//!    the request is placed again without it; once `limits.max_retries`
-//!    replicas have failed it, it is served whole;
+//!    5xx, timeout, or no `kv_transfer_params` in its answer) is handed back
+//!    to `forward.rs`'s loop, which reports it, and the request is placed
+//!    again without it; once `limits.max_retries` replicas have failed it,
+//!    it is served whole;
 //! 3. the decode hop: the client's request unchanged but for
 //!    `kv_transfer_params`, which is exactly what the prefill answered (plus
 //!    `prompt_token_ids` for chat, where kvgate hands vLLM the ids), sent
 //!    at once (the prefill side holds the blocks only for its lease). It
 //!    streams to the client through the relay. If it fails before any byte
-//!    reached the client, the request is placed again whole, elsewhere,
-//!    without the stale parameters.
+//!    reached the client, the loop reports the replica and places the
+//!    request again whole, elsewhere, without the stale parameters.
 //!
 //! Every hop holds its booking: the prefill hop's ends with its answer, the
 //! decode hop's moves with its first token as any request's does.
@@ -30,6 +31,8 @@ use std::sync::Arc;
 
 use axum::http::{header, HeaderValue};
 use bytes::Bytes;
+use kvgate_index::ReplicaId;
+use kvgate_openai::ErrorResponse;
 use kvgate_router::{Outcome, Routed};
 use serde_json::{json, Map, Value};
 
@@ -40,8 +43,8 @@ use crate::request::engine_client::EngineResponse;
 use crate::request::forwarder::{read_capped, send_body, Forwarder};
 use crate::request::placement::Attempts;
 use crate::request::prepare::Prepared;
+use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::Route;
-use kvgate_fleet::Failure;
 
 /// Largest prefill answer read, bytes (one token and its parameters).
 const MAX_PREFILL_ANSWER: usize = 4 << 20;
@@ -54,10 +57,21 @@ pub(crate) struct Decoded {
     pub(crate) resp: EngineResponse,
 }
 
+/// A hop's replica that failed, handed back to `forward.rs`'s loop, which
+/// reports it to the fleet (once, from the error).
+pub(crate) struct Failed {
+    pub(crate) replica: ReplicaId,
+    pub(crate) error: RequestError,
+    /// The decode hop failed: its error is the request's last failure (the
+    /// answer if no replica is left to serve it whole).
+    pub(crate) last: bool,
+}
+
 /// Runs a split request's hops: `prefill`'s, then `decode`'s with the
-/// parameters the prefill answered. `None`: place it again, as `attempts`
+/// parameters the prefill answered. `Err`: place it again, as `attempts`
 /// now says (without a failed replica; whole after a refused request, a
-/// failed decode hop, or `limits.max_retries` failed prefill replicas).
+/// failed decode hop, or `limits.max_retries` failed prefill replicas),
+/// with the replica that failed, if one did, for the loop to report.
 pub(crate) async fn hops(
     fwd: &Forwarder,
     p: &Prepared,
@@ -65,26 +79,26 @@ pub(crate) async fn hops(
     prefill: Routed,
     decode: Routed,
     attempts: &mut Attempts,
-) -> Option<Decoded> {
+) -> Result<Decoded, Option<Failed>> {
     let decode_booking = HeldBooking::new(Arc::clone(&fwd.fleet), decode.booking);
     let params = match prefill_hop(fwd, p, fwd_headers, prefill).await {
         Ok(params) => params,
-        Err(HopFailure::Replica(failed)) => {
+        Err(HopFailure::Replica(replica, error)) => {
             // Placed again without the failed prefill replica.
             decode_booking.finish(Outcome::Cancelled);
-            attempts.exclude.push(failed);
+            attempts.exclude.push(replica);
             if attempts.tried() > fwd.limits.max_retries as usize {
                 fwd.metrics.disagg_plan("prefill_fallback");
                 attempts.split = false;
             }
-            return None;
+            return Err(error.map(|error| Failed { replica, error: *error, last: false }));
         }
         Err(HopFailure::Request) => {
-            // The engine refused the request itself (4xx): served whole,
-            // its answer reaches the client.
+            // The request itself was refused (a 4xx, or a body no hop can
+            // be made of): served whole, its answer reaches the client.
             decode_booking.finish(Outcome::Cancelled);
             attempts.split = false;
-            return None;
+            return Err(None);
         }
     };
     fwd.metrics.disagg_plan("split");
@@ -93,30 +107,30 @@ pub(crate) async fn hops(
         // Removed between the decision and now.
         decode_booking.finish(Outcome::Error);
         attempts.exclude.push(decode.replica);
-        return None;
+        return Err(None);
     };
     let body = decode_body(p, &replica, params);
     match send_body(fwd, p, &replica, fwd_headers, body).await {
-        Ok(resp) => Some(Decoded { replica, routed: decode, booking: decode_booking, resp }),
-        Err(err) => {
+        Ok(resp) => Ok(Decoded { replica, routed: decode, booking: decode_booking, resp }),
+        Err(error) => {
             decode_booking.finish(Outcome::Error);
-            let message = err.body.error.message.clone();
+            let message = &error.body.error.message;
             tracing::warn!(replica = %replica.name, error = %message, "decode hop failed; serving the request whole");
-            fwd.fleet.failed(replica.id, message, Failure::Error, clock::now());
-            fwd.metrics.count(err.reason);
+            fwd.metrics.count(error.reason);
             attempts.exclude.push(replica.id);
-            attempts.last_error = Some(err);
             fwd.metrics.disagg_plan("decode_fallback");
-            None
+            Err(Some(Failed { replica: replica.id, error, last: true }))
         }
     }
 }
 
 /// Why a prefill hop gave no parameters.
 enum HopFailure {
-    /// The replica failed: plan again without it.
-    Replica(kvgate_index::ReplicaId),
-    /// The engine refused the request (4xx): no replica would take it.
+    /// Plan again without this replica: it failed (the error, for the loop
+    /// to report), or it was removed (none).
+    Replica(ReplicaId, Option<Box<RequestError>>),
+    /// The request was refused (the engine's 4xx, or a body that is not a
+    /// JSON object): no replica would take it.
     Request,
 }
 
@@ -130,23 +144,26 @@ async fn prefill_hop(
     let booking = HeldBooking::new(Arc::clone(&fwd.fleet), prefill.booking);
     let Some(replica) = fwd.replicas.get(prefill.replica) else {
         booking.finish(Outcome::Error);
-        return Err(HopFailure::Replica(prefill.replica));
+        return Err(HopFailure::Replica(prefill.replica, None));
     };
-    let fail = |why: String| {
+    let fail = |error: RequestError| {
+        let why = &error.body.error.message;
         tracing::warn!(replica = %replica.name, error = %why, "prefill hop failed; planning again");
-        fwd.fleet.failed(replica.id, why, Failure::Error, clock::now());
-        Err(HopFailure::Replica(replica.id))
+        Err(HopFailure::Replica(replica.id, Some(Box::new(error))))
     };
     let Some(body) = prefill_body(&p.body_for(replica.config.passthrough)) else {
-        booking.finish(Outcome::Error);
-        return fail("the request body is not a JSON object".into());
+        // The request's problem, not the replica's (which was never sent
+        // anything): no hop can be made of it, so it goes whole.
+        booking.finish(Outcome::Cancelled);
+        tracing::debug!(replica = %replica.name, "the request body is not a JSON object; serving it whole");
+        return Err(HopFailure::Request);
     };
     let resp = match send_body(fwd, p, &replica, fwd_headers, body).await {
         Ok(r) => r,
         Err(e) => {
             booking.finish(Outcome::Error);
             fwd.metrics.count(e.reason);
-            return fail(e.body.error.message);
+            return fail(e);
         }
     };
     let status = resp.status;
@@ -175,7 +192,7 @@ async fn prefill_hop(
                 Ok(_) if !(200..300).contains(&status) => format!("prefill answered {status}"),
                 Ok(_) => "prefill answered without kv_transfer_params (no KV connector?)".into(),
             };
-            fail(why)
+            fail(RequestError::new(Reason::Upstream, ErrorResponse::bad_gateway(why)))
         }
     }
 }

@@ -52,7 +52,6 @@ use crate::request::engine_client::BodyStream;
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::Api;
 use crate::request::tenant_queue::TenantTicket;
-use kvgate_fleet::Failure;
 use kvgate_tenants::Usage;
 
 /// Largest single SSE event the tap parses (bigger events pass through but
@@ -274,12 +273,16 @@ impl Relay {
         }
         // A line the rewriter still holds goes out before anything else.
         let held = self.rewriter.as_mut().map(Rewriter::flush).unwrap_or_default();
-        let Some(RequestError { reason, body: e, .. }) = error else { return held };
-        self.metrics.count(reason);
+        let Some(error) = error else { return held };
+        self.metrics.count(error.reason);
         // A stalled or broken engine stream counts against the replica like
-        // a failed request: enough in a row take it out of rotation.
-        let error = e.error.message.clone();
-        self.fleet.failed(self.replica.id, error, Failure::Error, now());
+        // a failed request, as its error says: enough in a row take it out
+        // of rotation.
+        if let Some(failure) = error.failure() {
+            let message = error.body.error.message.clone();
+            self.fleet.failed(self.replica.id, message, failure, now());
+        }
+        let RequestError { reason, body: e, .. } = error;
         let reason = reason.label();
         tracing::warn!(replica = %self.replica.name, reason, error = %e.error.message, "stream ended with an error");
         let mut out = held.to_vec();

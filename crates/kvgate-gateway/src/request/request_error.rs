@@ -1,12 +1,14 @@
 //! The request path's one error type. A [`RequestError`] says why
 //! ([`Reason`]: one enum for every refusal, retry and broken stream, whose
 //! label the metrics use), where the fault lies ([`Source`]), whether
-//! another replica might succeed ([`Reason::retryable`]), and carries the
+//! another replica might succeed ([`Reason::retryable`]), what it says
+//! about the replica ([`RequestError::failure`]), and carries the
 //! OpenAI-style body the client gets. `response::answer` is the one place it
 //! becomes an HTTP answer and is counted.
 
 use std::time::Duration;
 
+use kvgate_fleet::Failure;
 use kvgate_openai::ErrorResponse;
 
 /// Where an error came from.
@@ -166,6 +168,8 @@ pub(crate) struct RequestError {
     /// What caused it, where something did (an engine's send error, whose
     /// own chain reaches the I/O error): `source()`.
     cause: Option<Box<dyn std::error::Error + Send + Sync>>,
+    /// What it says about the replica it came from: [`RequestError::failure`].
+    failure: Option<Failure>,
 }
 
 impl std::fmt::Display for RequestError {
@@ -182,8 +186,28 @@ impl std::error::Error for RequestError {
 }
 
 impl RequestError {
+    /// An error for `reason`; one whose source is an engine counts as that
+    /// replica's failure ([`Failure::Error`]).
     pub(crate) fn new(reason: Reason, body: ErrorResponse) -> RequestError {
-        RequestError { reason, body, retry_after: None, cause: None }
+        let failure = (reason.source() == Source::Engine).then_some(Failure::Error);
+        RequestError { reason, body, retry_after: None, cause: None, failure }
+    }
+
+    /// A connection that found nothing listening: the replica is gone, not
+    /// slow, and leaves rotation at once ([`Failure::Unreachable`]).
+    pub(crate) fn unreachable(mut self) -> RequestError {
+        self.failure = Some(Failure::Unreachable);
+        self
+    }
+
+    /// What this error says about the replica that answered (or did not):
+    /// [`Failure::Unreachable`] for a connection that found nothing
+    /// listening, [`Failure::Error`] for any other engine failure (5xx,
+    /// timeout, a broken or stalled answer), `None` for the client's and
+    /// the gateway's own refusals. The request path reports it to the fleet
+    /// once, where the attempt ends (`forward::report`, the relay).
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        self.failure
     }
 
     /// The error that caused this one.
@@ -269,6 +293,17 @@ mod tests {
         let retry: Vec<_> =
             Reason::ALL.iter().filter(|r| r.retryable()).map(|r| r.label()).collect();
         assert_eq!(retry, ["connect", "status_5xx", "timeout"]);
+    }
+
+    #[test]
+    fn only_engine_errors_count_against_a_replica_and_only_a_dead_one_is_unreachable() {
+        let body = || ErrorResponse::bad_gateway("x");
+        for r in Reason::ALL {
+            let want = (r.source() == Source::Engine).then_some(Failure::Error);
+            assert_eq!(RequestError::new(r, body()).failure(), want, "{r:?}");
+        }
+        let dead = RequestError::new(Reason::Connect, body()).unreachable();
+        assert_eq!(dead.failure(), Some(Failure::Unreachable));
     }
 
     #[test]

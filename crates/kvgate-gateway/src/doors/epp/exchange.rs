@@ -32,20 +32,21 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 };
 use kvgate_index::ReplicaId;
 use kvgate_openai::{ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
-use kvgate_router::{Outcome, Routed};
+use kvgate_router::{Decision, Outcome, Routed};
 use tonic::{Status, Streaming};
 
 use super::wire;
 use super::EppContext;
+use crate::clock;
 use crate::doors::shed::InflightPermit;
 use crate::replicas::replica::Replica;
 use crate::request::booking::HeldBooking;
+use crate::request::forward::report;
 use crate::request::placement::Attempts;
 use crate::request::prepare::{self, Prepared};
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::{Api, Route};
 use crate::request::tenant_queue::TenantTicket;
-use kvgate_fleet::Failure;
 use kvgate_tenants::Usage;
 
 /// Largest single SSE event inspected for the first token.
@@ -139,6 +140,9 @@ struct Watch {
 
 struct Exchange {
     ctx: Arc<EppContext>,
+    /// When the stream opened, on `std`'s clock: it only times the pick,
+    /// the TTFT and the whole exchange for the metrics. Every instant the
+    /// fleet or a booking gets is `clock::now()`.
     t0: Instant,
     stage: Stage,
     headers: Option<HttpHeaders>,
@@ -448,11 +452,12 @@ impl Exchange {
         if let Some(p) = &self.placed {
             if status >= 500 {
                 let error = format!("the engine answered {status} through the gateway");
-                self.ctx.fleet.failed(p.replica.id, error, Failure::Error, Instant::now());
+                let error = RequestError::new(Reason::Status5xx, ErrorResponse::bad_gateway(error));
+                report(&self.ctx.fleet, p.replica.id, &error);
             } else if !self.watch.sse {
                 // A whole response: its first token is not observable.
                 if let Some(b) = &p.booking {
-                    b.first_token_unmeasured(Instant::now());
+                    b.first_token_unmeasured(clock::now());
                 }
             }
             if self.ctx.replica_header {
@@ -468,6 +473,16 @@ impl Exchange {
     /// The gateway says `served` answered: after a retry on a fallback, the
     /// booking moves there (the first endpoint is charged an error, as the
     /// proxy's retry does).
+    ///
+    /// The new booking is asked of the fleet directly, for `served` alone,
+    /// not through `Placer`: the gateway has already sent the request there
+    /// and it is answering, so a wait in the admission queue (which would
+    /// hold this answer back) or a refusal cannot change where it runs. When
+    /// the fleet refuses it anyway (`served` busy: Wait; down or gone:
+    /// Reject), the router has counted that decision
+    /// (`kvgate_decisions_total`), it is logged here, and the request runs
+    /// on without a booking: the first replica's is finished either way,
+    /// since its first token and end would calibrate the wrong replica.
     fn served_by(&mut self, served: &str) {
         let ctx = Arc::clone(&self.ctx);
         let Some(p) = self.placed.as_mut() else { return };
@@ -482,13 +497,22 @@ impl Exchange {
             b.finish(Outcome::Error);
         }
         let error = format!("the gateway retried on {served}");
-        ctx.fleet.failed(p.replica.id, error, Failure::Error, Instant::now());
-        ctx.metrics.count(Reason::Status5xx);
+        let error = RequestError::new(Reason::Status5xx, ErrorResponse::bad_gateway(error));
+        report(&ctx.fleet, p.replica.id, &error);
+        ctx.metrics.count(error.reason);
         let exclude: Vec<ReplicaId> =
             ctx.replicas.all().iter().map(|r| r.id).filter(|id| *id != other.id).collect();
         let req = p.prepared.route_request(None, &exclude);
-        if let Some(r) = ctx.fleet.route(p.prepared.pool, &req, Instant::now()).routed() {
-            p.booking = Some(HeldBooking::new(Arc::clone(&ctx.fleet), r.booking));
+        match ctx.fleet.route(p.prepared.pool, &req, clock::now()) {
+            Decision::Routed(r) => {
+                p.booking = Some(HeldBooking::new(Arc::clone(&ctx.fleet), r.booking));
+            }
+            Decision::Wait { .. } => {
+                tracing::warn!(replica = %other.name, "the gateway's fallback is busy: its request runs unbooked");
+            }
+            Decision::Reject { reason, .. } => {
+                tracing::warn!(replica = %other.name, ?reason, "the fleet refused the gateway's fallback: its request runs unbooked");
+            }
         }
         p.replica = other;
     }
@@ -529,13 +553,11 @@ impl Exchange {
         }
         if output || w.tap.has_output() {
             w.first_seen = true;
-            let now = Instant::now();
             if let Some(p) = &self.placed {
                 if let Some(b) = &p.booking {
-                    b.first_token(now);
+                    b.first_token(clock::now());
                 }
-                let ttft = now.saturating_duration_since(self.t0).as_secs_f64();
-                self.ctx.metrics.ttft(p.label, ttft);
+                self.ctx.metrics.ttft(p.label, self.t0.elapsed().as_secs_f64());
             }
         }
     }

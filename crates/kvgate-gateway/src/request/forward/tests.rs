@@ -131,6 +131,29 @@ async fn a_refused_connection_takes_the_replica_out_at_once_and_is_retried() {
 }
 
 #[tokio::test]
+async fn a_refused_connection_is_reported_to_the_fleet_once_as_unreachable() {
+    // No probe after the first: only the request reports the replica.
+    let (api, fake) = gateway(&["a:1", "b:2"], |c| {
+        c.monitor.health_interval_ms = 86_400_000;
+        c.monitor.metrics_interval_ms = 86_400_000;
+    })
+    .await;
+    fake.next([Answer::Refuse]);
+    let (status, _, _) = complete(&api, false).await;
+    assert_eq!(status, 200);
+    let dead = fake.seen()[0].engine.clone();
+    // `Unreachable` sets the count to `unhealthy_after`; a second report of
+    // the same failure (as an `Error`) would add one.
+    let after = GatewayConfig::default().monitor.unhealthy_after;
+    assert_eq!(failures(&api, &dead), after);
+    let id = replica(&api, &dead).id;
+    let last = api.fleet.with(|f| f.status(id).and_then(|s| s.last_error.clone()));
+    let last = last.expect("a last error");
+    assert!(last.contains("unreachable") && last.contains("connection refused"), "{last}");
+    assert!(metrics(&api).contains(r#"kvgate_retries_total{reason="connect"} 1"#));
+}
+
+#[tokio::test]
 async fn a_first_byte_timeout_is_retried() {
     let (api, fake) = gateway(&["a:1", "b:2"], |c| c.limits.first_byte_timeout_ms = 50).await;
     fake.next([Answer::Hang]);
