@@ -222,7 +222,7 @@ pub(crate) async fn health() -> StatusCode {
 pub(crate) async fn ready(State(s): S) -> Response {
     // A replica with an event stream counts only once its view has been
     // synced: before that, kvgate would route blind to what it caches.
-    let r = s.fleet.with(|f| f.readiness());
+    let r = s.fleet.readiness();
     let ok = r.ready() && !*s.closing.borrow();
     let status = if ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let body = json!({

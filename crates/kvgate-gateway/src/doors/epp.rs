@@ -178,7 +178,7 @@ async fn health_loop(
     use tonic_health::ServingStatus;
     reporter.set_service_status("liveness", ServingStatus::Serving).await;
     loop {
-        let r = fleet.with(|f| f.readiness());
+        let r = fleet.readiness();
         let ready = r.ready() && !*closing.borrow();
         let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
         reporter.set_service_status("readiness", status).await;

@@ -12,7 +12,7 @@ use kvgate_router::{Booking, Decision, Outcome, RouteRequest};
 
 use crate::locks::{lock, with_fleet_lock_marked};
 use kvgate_fleet::Failure;
-use kvgate_fleet::{Fleet, PoolId, Reachable};
+use kvgate_fleet::{Fleet, PoolId, Reachable, Readiness};
 
 #[derive(Debug)]
 pub(crate) struct FleetHandle {
@@ -72,6 +72,17 @@ impl FleetHandle {
         self.with(|f| f.adapter_pool(model))
     }
 
+    /// The healthy replica of `pool` a runtime LoRA load goes to
+    /// ([`Fleet::load_target`]).
+    pub(crate) fn load_target(&self, pool: PoolId, now: Instant) -> Option<ReplicaId> {
+        self.with(|f| f.load_target(pool, now))
+    }
+
+    /// `id`'s engine loaded `adapter` at runtime ([`Fleet::add_adapter`]).
+    pub(crate) fn add_adapter(&self, id: ReplicaId, adapter: &str) {
+        self.with(|f| f.add_adapter(id, adapter));
+    }
+
     /// Every LoRA adapter `pool` serves: `declared` (the pool-wide ones),
     /// then those its engines list, each once ([`Fleet::adapters`]).
     pub(crate) fn adapters(&self, pool: PoolId, declared: &[String]) -> Vec<String> {
@@ -92,6 +103,12 @@ impl FleetHandle {
     /// A request or probe to `id` failed ([`Fleet::failed`]).
     pub(crate) fn failed(&self, id: ReplicaId, error: String, failure: Failure, now: Instant) {
         self.with(|f| f.failed(id, error, failure, now));
+    }
+
+    /// What `/ready` and the endpoint picker's health service answer
+    /// ([`Fleet::readiness`]).
+    pub(crate) fn readiness(&self) -> Readiness {
+        self.with(|f| f.readiness())
     }
 
     /// Whether `id` can take a request that only it can serve

@@ -60,7 +60,7 @@ impl AdapterLoader {
         };
         let _turn = gate.lock().await;
         // Loaded meanwhile (by the load this request waited for).
-        if self.fleet.with(|f| f.adapter_pool(name) == Some(pool)) {
+        if self.fleet.adapter_pool(name) == Some(pool) {
             return Ok(());
         }
         let result = self.load_once(pool, name, path).await;
@@ -79,7 +79,7 @@ impl AdapterLoader {
 
     async fn load_once(&self, pool: PoolId, name: &str, path: &str) -> Result<String, String> {
         let now = crate::clock::now();
-        let Some(id) = self.fleet.with(|f| f.load_target(pool, now)) else {
+        let Some(id) = self.fleet.load_target(pool, now) else {
             return Err("no healthy replica in the pool to load it on".into());
         };
         let Some(replica) = self.replicas.get(id) else {
@@ -105,7 +105,7 @@ impl AdapterLoader {
         let status = resp.status;
         let text = read_short(resp.body).await;
         if status == 200 || (status == 400 && text.contains("already been loaded")) {
-            self.fleet.with(|f| f.add_adapter(id, name));
+            self.fleet.add_adapter(id, name);
             return Ok(replica.name.clone());
         }
         Err(format!("{} answered {status}: {}", replica.name, text.trim()))

@@ -166,7 +166,7 @@ impl Placer {
             return Ok(exclude);
         };
         let Some(path) = pool.loadable.get(adapter) else { return Ok(exclude) };
-        if self.fleet.with(|f| f.adapter_pool(adapter)).is_some() {
+        if self.fleet.adapter_pool(adapter).is_some() {
             return Ok(exclude);
         }
         match self.loader.ensure(p.pool, adapter, path, &pool.loads).await {
