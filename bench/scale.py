@@ -3,8 +3,10 @@
 
 One `kvgate sim` process hosts the M engines (each with its own HTTP port,
 KV-event PUB and replay endpoint); N instances of `kvgate serve` subscribe to
-every engine and share their load as peers (a full mesh: each instance names
-every other one's peer endpoint). A client drives a fixed total rate of
+every engine and share their load as peers: with `--share http` as a full
+HTTP mesh (each instance names every other one's peer endpoint), with
+`--share nats` over one `nats-server` (Debian's package) that this script
+starts, each instance publishing its changes once on one subject. A client drives a fixed total rate of
 streamed completions (open loop, Poisson arrivals) spread round-robin over
 the instances: a shared-prefix workload, so that instances that do not see
 each other's load would herd onto the same engines.
@@ -22,14 +24,25 @@ TTFT measured by the client, the engines' prefix-cache hit rate (their own
 `vllm:prefix_cache_*` counters) over the window, and both against the N = 1
 point of the same M at the same total rate.
 
+Load-change lag, two ways: under the load, every instance's
+`kvgate_peer_batch_lag_seconds` histogram over the window (a peer's batch
+from its flush to its arrival, p50 and p99 from the buckets; the wait for
+the flush, at most `peers.flush_ms`, comes on top on either carrier); and
+after the load, `--lag-probes` probes end to end: one streamed request sent
+to instance 0 while instance 0 and instance N-1 are polled
+(`/admin/replicas`) until each ledger shows it; the lag is the difference.
+With `--share nats`, the server's own CPU over the window is reported too
+(`nats_cpu_s`), apart from the instances'.
+
 Usage:
   python3 bench/scale.py --instances 1,2,4 --engines 16,64 --rate 20 \\
       --seconds 40 --out /tmp/scale.json --progress /tmp/scale.log
+  python3 bench/scale.py --share nats --instances 1,2,4,8,16 --engines 16 ...
 
 Only the standard library; the binary is `target/release/kvgate` unless
 `--bin` names another. Ports (plus `--port-offset`): engines from 19000
 (HTTP), 23000 (events), 27000 (replay); instances from 18400 (API), 18500
-(admin), 18600 (peers).
+(admin), 18600 (peers); NATS on 18399.
 """
 
 from __future__ import annotations
@@ -37,7 +50,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import shutil
 import random
 import signal
 import statistics
@@ -51,6 +66,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PEER_KEY = "scale-bench-peer-key"
+NATS_SUBJECT = "kvgate.scale"
 
 
 def log(progress: Path | None, msg: str) -> None:
@@ -94,6 +110,14 @@ def proc_stats(pid: int) -> dict:
     }
 
 
+def http_post(req) -> None:
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+    except OSError:
+        pass
+
+
 def metric_sum(text: str, name: str) -> float:
     """Sum of every sample of metric `name` (all label sets)."""
     total = 0.0
@@ -106,12 +130,42 @@ def metric_sum(text: str, name: str) -> float:
     return total
 
 
+def histogram(text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of histogram `name`, summed over label sets."""
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(name + "_bucket{"):
+            continue
+        le = line.split('le="', 1)[1].split('"', 1)[0]
+        bound = math.inf if le == "+Inf" else float(le)
+        out[bound] = out.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def quantile(cumulative: dict[float, float], q: float) -> float | None:
+    """The `q` quantile from cumulative buckets, interpolated within one."""
+    bounds = sorted(cumulative)
+    total = cumulative.get(math.inf, 0.0)
+    if total <= 0:
+        return None
+    want, lower, below = q * total, 0.0, 0.0
+    for b in bounds:
+        c = cumulative[b]
+        if c >= want:
+            if math.isinf(b):
+                return lower
+            return lower + (b - lower) * (want - below) / max(c - below, 1e-12)
+        lower, below = b, c
+    return lower
+
+
 class Point:
     """The processes of one (N, M) point."""
 
     def __init__(self, args, n: int, m: int):
         self.args, self.n, self.m = args, n, m
         self.sim: subprocess.Popen | None = None
+        self.nats: subprocess.Popen | None = None
         self.serves: list[subprocess.Popen] = []
         self.logs: list = []
 
@@ -120,6 +174,31 @@ class Point:
 
     def api(self, k: int) -> str:
         return f"http://127.0.0.1:{self.args.port_offset + 18400 + k}"
+
+    def admin(self, k: int) -> str:
+        return f"http://127.0.0.1:{self.args.port_offset + 18500 + k}"
+
+    def nats_port(self) -> int:
+        return self.args.port_offset + 18399
+
+    def start_nats(self) -> None:
+        exe = shutil.which(self.args.nats_server)
+        if exe is None:
+            raise RuntimeError(f"{self.args.nats_server} not found: apt-get install nats-server")
+        self.nats = self.spawn(
+            [exe, "-a", "127.0.0.1", "-p", str(self.nats_port())], f"nats-m{self.m}-n{self.n}"
+        )
+        deadline = time.time() + 10
+        while True:
+            try:
+                import socket
+
+                socket.create_connection(("127.0.0.1", self.nats_port()), 0.5).close()
+                return
+            except OSError:
+                if self.nats.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("nats-server did not start")
+                time.sleep(0.05)
 
     def spawn(self, cmd: list[str], name: str) -> subprocess.Popen:
         out = open(Path(self.args.logs) / f"{name}.log", "w")
@@ -145,6 +224,8 @@ class Point:
                 if self.sim.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"engine {i} not up")
                 time.sleep(0.2)
+        if self.n > 1 and a.share == "nats":
+            self.start_nats()
         replicas = [
             f"{self.engine_url(i)},events=tcp://127.0.0.1:{o + 23000 + i},"
             f"replay=tcp://127.0.0.1:{o + 27000 + i},name=e{i}"
@@ -157,7 +238,12 @@ class Point:
             ]
             for r in replicas:
                 cmd += ["--replica", r]
-            if self.n > 1:
+            if self.n > 1 and a.share == "nats":
+                cmd += [
+                    "--peer-nats", f"nats://127.0.0.1:{self.nats_port()}",
+                    "--peer-nats-subject", NATS_SUBJECT,
+                ]
+            elif self.n > 1:
                 cmd += ["--peer-listen", f"127.0.0.1:{o + 18600 + k}", "--peer-key", PEER_KEY]
                 for j in range(self.n):
                     if j != k:
@@ -171,10 +257,11 @@ class Point:
                 time.sleep(0.3)
 
     def stop(self) -> None:
-        for p in self.serves + ([self.sim] if self.sim else []):
+        procs = self.serves + [p for p in (self.sim, self.nats) if p]
+        for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
-        for p in self.serves + ([self.sim] if self.sim else []):
+        for p in procs:
             try:
                 p.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -225,8 +312,67 @@ class Point:
             s["events"] = metric_sum(text, "kvgate_events_total")
             s["event_batches"] = metric_sum(text, "kvgate_event_batches_total")
             s["requests"] = metric_sum(text, "kvgate_requests_total")
+            s["lag"] = histogram(text, "kvgate_peer_batch_lag_seconds")
+            s["dropped"] = metric_sum(text, "kvgate_peer_batches_dropped_total") + metric_sum(
+                text, "kvgate_peer_send_failures_total"
+            )
             out.append(s)
+        if self.nats:
+            out.append({"nats_cpu_s": proc_stats(self.nats.pid).get("cpu_s", 0.0)})
         return out
+
+    def booked(self, k: int) -> int:
+        """Requests instance k's ledger holds (its own and its peers')."""
+        _, text = http_get(self.admin(k) + "/admin/replicas", 2.0)
+        try:
+            rs = json.loads(text)["replicas"]
+        except (ValueError, KeyError):
+            return -1
+        return sum(r["prefill_requests"] + r["decoding_requests"] for r in rs)
+
+    def lag_probes(self, probes: int, rng: random.Random) -> list[float]:
+        """End-to-end load-change lag: a streamed request to instance 0;
+        instance 0's and instance N-1's ledgers polled until each shows it."""
+        import threading
+        import urllib.request as ur
+
+        lags = []
+        far = self.n - 1
+        for p in range(probes):
+            deadline = time.time() + 10
+            while (self.booked(0), self.booked(far)) != (0, 0):
+                if time.time() > deadline:
+                    break
+                time.sleep(0.05)
+            seen: dict[int, float] = {}
+
+            def watch(k: int) -> None:
+                end = time.time() + 5
+                while time.time() < end:
+                    if self.booked(k) > 0:
+                        seen[k] = time.perf_counter()
+                        return
+
+            watchers = [threading.Thread(target=watch, args=(k,)) for k in (0, far)]
+            for w in watchers:
+                w.start()
+            body = json.dumps(
+                {
+                    "model": "Qwen/Qwen3-0.6B",
+                    "prompt": f"probe {p} {rng.randrange(10**9)} " * 20,
+                    "max_tokens": 40,
+                    "ignore_eos": True,
+                }
+            ).encode()
+            req = ur.Request(self.api(0) + "/v1/completions", body, {"Content-Type": "application/json"})
+            sender = threading.Thread(target=lambda: http_post(req))
+            sender.start()
+            for w in watchers:
+                w.join()
+            sender.join()
+            if 0 in seen and far in seen:
+                lags.append(max(0.0, seen[far] - seen[0]))
+        return lags
 
 
 def make_prompts(args) -> list[str]:
@@ -340,6 +486,7 @@ def run_point(args, n: int, m: int, prompts: list[str], progress: Path | None) -
         hits1, queries1 = point.engine_counters()
         time.sleep(args.settle)
         views = point.views_equal()
+        probes = point.lag_probes(args.lag_probes, random.Random(args.seed)) if n > 1 else []
         per_instance = []
         for k in range(n):
             b, a = before[k], after[k]
@@ -359,8 +506,26 @@ def run_point(args, n: int, m: int, prompts: list[str], progress: Path | None) -
                 }
             )
         fleet["window_s"] = window
+        if n > 1:
+            lag: dict[float, float] = {}
+            for k in range(n):
+                for bound, c in after[k]["lag"].items():
+                    lag[bound] = lag.get(bound, 0.0) + c - before[k]["lag"].get(bound, 0.0)
+            q50, q99 = quantile(lag, 0.5), quantile(lag, 0.99)
+            fleet["batch_lag_p50_ms"] = None if q50 is None else 1000 * q50
+            fleet["batch_lag_p99_ms"] = None if q99 is None else 1000 * q99
+            fleet["batches_received"] = lag.get(math.inf, 0.0)
+            fleet["batches_dropped"] = sum(after[k]["dropped"] - before[k]["dropped"] for k in range(n))
+            probes.sort()
+            fleet["probe_lag_ms"] = [round(1000 * x, 2) for x in probes]
+            if probes:
+                fleet["probe_lag_p50_ms"] = 1000 * probes[len(probes) // 2]
+                fleet["probe_lag_max_ms"] = 1000 * probes[-1]
+        if point.nats:
+            fleet["nats_cpu_s"] = after[-1]["nats_cpu_s"] - before[-1]["nats_cpu_s"]
         fleet["hit_rate"] = (hits1 - hits0) / (queries1 - queries0) if queries1 > queries0 else None
         result = {
+            "share": args.share,
             "instances": n,
             "engines": m,
             "rate": args.rate,
@@ -378,6 +543,7 @@ def summary(r: dict) -> dict:
     pi = r["per_instance"]
     f = r["fleet"]
     return {
+        "share": r.get("share", "http"),
         "N": r["instances"],
         "M": r["engines"],
         "idle_fds_max": max(p["idle"]["fds"] for p in pi),
@@ -392,7 +558,17 @@ def summary(r: dict) -> dict:
         "ttft_p99_ms": round(f.get("ttft_p99_ms", float("nan")), 1),
         "hit_rate": None if f.get("hit_rate") is None else round(f["hit_rate"], 4),
         "views_unequal": f"{r['views']['unequal']} of {r['views']['views']}",
+        "batch_lag_p50_ms": rnd(f.get("batch_lag_p50_ms"), 2),
+        "batch_lag_p99_ms": rnd(f.get("batch_lag_p99_ms"), 2),
+        "probe_lag_p50_ms": rnd(f.get("probe_lag_p50_ms"), 2),
+        "probe_lag_max_ms": rnd(f.get("probe_lag_max_ms"), 2),
+        "batches_dropped": f.get("batches_dropped"),
+        "nats_cpu_s": rnd(f.get("nats_cpu_s"), 3),
     }
+
+
+def rnd(v, digits: int):
+    return None if v is None else round(v, digits)
 
 
 def main() -> int:
@@ -411,6 +587,12 @@ def main() -> int:
     p.add_argument("--gpu-blocks", type=int, default=2048, help="GPU blocks per engine")
     p.add_argument("--speedup", type=float, default=1.0, help="kvgate sim --speedup")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--share", choices=["http", "nats"], default="http",
+        help="how instances share load: the HTTP peer mesh, or NATS (starts nats-server)",
+    )
+    p.add_argument("--nats-server", default="nats-server", help="the nats-server executable")
+    p.add_argument("--lag-probes", type=int, default=10, help="end-to-end lag probes per point (N > 1)")
     p.add_argument("--settle", type=float, default=2.0, help="seconds after the load before views are compared")
     p.add_argument("--port-offset", type=int, default=0, help="added to every port below")
     p.add_argument("--timeout", type=float, default=30.0, help="a request slower than this failed")

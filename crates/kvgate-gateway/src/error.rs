@@ -45,4 +45,23 @@ pub enum StartError {
     /// inconsistent.
     #[error("tls: {0}")]
     Tls(String),
+    /// The NATS server that carries peers' changes refused this instance
+    /// (credentials, TLS) or could not be addressed.
+    #[error("peers.nats {servers}: {hint}")]
+    BusRefused {
+        /// The servers tried.
+        servers: String,
+        /// What to check.
+        hint: &'static str,
+        /// The client's error.
+        source: async_nats::ConnectError,
+    },
+    /// The nkey seed file could not be read.
+    #[error("peers.nats.nkey_seed_file {}", path.display())]
+    BusSeed {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
 }

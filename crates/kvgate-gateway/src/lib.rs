@@ -23,8 +23,9 @@
 //!   `settings.rs`: it validated into typed sections, every duration
 //!   converted there.
 //! - `doors/`: every way in: `server.rs` ([`Gateway`]: listeners, routes,
-//!   shutdown), `api.rs`, `admin.rs`, `dashboard.rs`, `epp.rs`, `peers.rs`
-//!   and `peer_state.rs`, and what guards them: `auth.rs`, `throttle.rs`,
+//!   shutdown), `api.rs`, `admin.rs`, `dashboard.rs`, `epp.rs`, the peers'
+//!   load sharing (`peers.rs` over HTTP, `peer_bus.rs` over NATS,
+//!   `peer_wire.rs` their batches, `peer_state.rs`), and what guards them: `auth.rs`, `throttle.rs`,
 //!   `shed.rs`, `tls.rs`.
 //! - `observe/`: `metrics.rs` (Prometheus), `snapshot.rs`, `ttft_ring.rs`,
 //!   `decision_json.rs`.
@@ -46,7 +47,8 @@ pub use config::{GatewayConfig, Passthrough, ReplicaConfig};
 pub use doors::server::Gateway;
 pub use error::{ConfigError, StartError};
 pub use observe::snapshot::{
-    FleetSnapshot, PeerSnapshot, PeerTargetSnapshot, PoolSnapshot, ReplicaSnapshot, TenantSnapshot,
+    FleetSnapshot, PeerBusSnapshot, PeerSnapshot, PeerTargetSnapshot, PoolSnapshot,
+    ReplicaSnapshot, TenantSnapshot,
 };
 pub use request::trace_context::{
     count_dropped_spans, set_root_sampler, RootSampler, TRACED as TRACED_TARGET,

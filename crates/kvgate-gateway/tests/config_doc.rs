@@ -65,6 +65,14 @@ fn everything_set() -> GatewayConfig {
     c.tls.ca = Some("/tls/ca.crt".into());
     c.tls.client_cert = Some("/tls/client.crt".into());
     c.tls.client_key = Some("/tls/client.key".into());
+    c.peers.nats.url = Some("nats://nats:4222".into());
+    c.peers.nats.token = Some("nats-token".into());
+    c.peers.nats.user = Some("kvgate".into());
+    c.peers.nats.password = Some("nats-password".into());
+    c.peers.nats.nkey_seed_file = Some("/nats/user.nk".into());
+    c.peers.nats.ca = Some("/nats/ca.crt".into());
+    c.peers.nats.client_cert = Some("/nats/client.crt".into());
+    c.peers.nats.client_key = Some("/nats/client.key".into());
     let mut tenants = TenantsSection::default();
     tenants.queue.default_band = Some("interactive".into());
     c.tenants = Some(tenants);

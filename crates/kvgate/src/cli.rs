@@ -169,6 +169,24 @@ pub(crate) struct GatewayArgs {
     /// The key peers share (required with any peer setting).
     #[arg(long, env = "KVGATE_PEER_KEY", hide_env_values = true)]
     pub(crate) peer_key: Option<String>,
+    /// Share load over NATS instead of the HTTP mesh: the servers, e.g.
+    /// `nats://nats:4222` (comma-separated; `tls://` needs
+    /// `peers.nats.ca`). Each instance publishes its changes once on
+    /// `--peer-nats-subject` and applies the others'.
+    #[arg(long, value_name = "URL", env = "KVGATE_PEER_NATS")]
+    pub(crate) peer_nats: Option<String>,
+    /// The NATS subject of this deployment's changes (default `kvgate.peers`).
+    #[arg(long, value_name = "SUBJECT", env = "KVGATE_PEER_NATS_SUBJECT")]
+    pub(crate) peer_nats_subject: Option<String>,
+    /// The token the NATS server requires.
+    #[arg(long, env = "KVGATE_PEER_NATS_TOKEN", hide_env_values = true)]
+    pub(crate) peer_nats_token: Option<String>,
+    /// The NATS user (with `--peer-nats-password`).
+    #[arg(long, env = "KVGATE_PEER_NATS_USER")]
+    pub(crate) peer_nats_user: Option<String>,
+    /// The NATS user's password.
+    #[arg(long, env = "KVGATE_PEER_NATS_PASSWORD", hide_env_values = true)]
+    pub(crate) peer_nats_password: Option<String>,
     /// The key that authenticates the Responses API ids kvgate hands out
     /// (each names the replica holding its response); every instance of a
     /// fleet needs the same one. Unset, each instance draws its own.

@@ -81,8 +81,8 @@ fn run() -> anyhow::Result<()> {
 fn gateway(config: kvgate_gateway::GatewayConfig, print_config: bool) -> anyhow::Result<()> {
     if print_config {
         println!(
-            "# secrets (auth.api_keys, auth.admin_key, peers.key, discovery.api_key, \
-             replicas' api_key) are left out: give them by flag or KVGATE_* variable"
+            "# secrets (auth.api_keys, auth.admin_key, peers.key, peers.nats.token, \
+             peers.nats.password, discovery.api_key, replicas' api_key) are left out: give them by flag or KVGATE_* variable"
         );
         print!("{}", toml::to_string(&config.resolved().without_secrets())?);
         return Ok(());

@@ -100,6 +100,21 @@ fn config_with(
     if let Some(k) = &args.peer_key {
         c.peers.key = Some(k.clone());
     }
+    if let Some(u) = &args.peer_nats {
+        c.peers.nats.url = Some(u.clone());
+    }
+    if let Some(s) = &args.peer_nats_subject {
+        c.peers.nats.subject = s.clone();
+    }
+    if let Some(t) = &args.peer_nats_token {
+        c.peers.nats.token = Some(t.clone());
+    }
+    if let Some(u) = &args.peer_nats_user {
+        c.peers.nats.user = Some(u.clone());
+    }
+    if let Some(p) = &args.peer_nats_password {
+        c.peers.nats.password = Some(p.clone());
+    }
     if let Some(k) = &args.affinity_key {
         c.auth.affinity_key = Some(k.clone());
     }

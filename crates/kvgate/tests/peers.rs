@@ -15,40 +15,6 @@ use support::*;
 
 const KEY: &str = "peer-key-for-tests-0123";
 
-/// Requests a replica's ledger holds, over every replica, as `admin` sees it.
-async fn booked(admin: &str) -> u64 {
-    let v = get_json(&format!("{admin}/admin/replicas")).await;
-    v["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["prefill_requests"].as_u64().unwrap() + r["decoding_requests"].as_u64().unwrap())
-        .sum()
-}
-
-async fn wait_for(what: &str, within: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let t0 = Instant::now();
-    while !check().await {
-        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Starts `n` long streams on `base`; returns their tasks.
-fn long_streams(base: &str, n: u32) -> Vec<tokio::task::JoinHandle<usize>> {
-    (0..n)
-        .map(|i| {
-            let url = format!("{base}/v1/completions");
-            let prompt: Vec<u32> = (0..64).map(|t| 100 + i * 1000 + t).collect();
-            let body = token_completion(&prompt, 120, true);
-            tokio::spawn(async move {
-                let Ok(r) = client().post(&url).json(&body).send().await else { return 0 };
-                r.bytes().await.map_or(0, |b| b.len())
-            })
-        })
-        .collect()
-}
-
 fn instance(sims: &[&Sim], me: u16, other: u16) -> Serve {
     let listen = format!("127.0.0.1:{me}");
     let peer = format!("http://127.0.0.1:{other}");
@@ -83,7 +49,7 @@ async fn peers_see_each_others_bookings_and_survive_a_peer_death() {
     wait_ready(&b.base).await;
 
     // 1. A's bookings reach B, and so does their end.
-    let streams = long_streams(&a.base, 4);
+    let streams = long_streams(&a.base, 4, 0);
     wait_for("B sees A's 4 bookings", Duration::from_secs(5), async || booked(&b.admin).await == 4)
         .await;
     assert!(metric(&b.base, "kvgate_peer_changes_received_total").await >= 4.0);
@@ -109,7 +75,7 @@ async fn peers_see_each_others_bookings_and_survive_a_peer_death() {
 
     // 2. A dies with bookings in flight: B keeps routing at once, and A's
     // bookings are released once A has been silent for the timeout.
-    let _streams = long_streams(&a.base, 3);
+    let _streams = long_streams(&a.base, 3, 0);
     wait_for("B sees A's 3 bookings", Duration::from_secs(5), async || booked(&b.admin).await == 3)
         .await;
     let _ = a.proc.0.kill();

@@ -6,12 +6,14 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::nats_config::NatsConfig;
 use crate::config::tls_config::TlsConfig;
 use crate::error::ConfigError;
 
 /// Peer ingresses: each instance sends its ledger changes (book, first
 /// token, finish) to every peer and applies theirs, so that several
-/// instances balance load as one would.
+/// instances balance load as one would. The changes travel over an HTTP
+/// mesh (`urls`, `dns`, `listen`, `key`) or over NATS (`nats`), not both.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PeersConfig {
@@ -40,6 +42,8 @@ pub struct PeersConfig {
     /// Batches queued for one slow peer before new ones are dropped
     /// (counted); routing never waits for a peer.
     pub queue_batches: usize,
+    /// NATS publish/subscribe instead of the HTTP mesh.
+    pub nats: NatsConfig,
 }
 
 /// Engines found through DNS, besides the static `replicas`.
@@ -101,6 +105,7 @@ impl Default for PeersConfig {
             timeout_ms: 3_000,
             resolve_interval_ms: 5_000,
             queue_batches: 256,
+            nats: NatsConfig::default(),
         }
     }
 }
@@ -108,12 +113,31 @@ impl Default for PeersConfig {
 impl PeersConfig {
     /// Whether this instance takes part in peer sharing at all.
     pub fn enabled(&self) -> bool {
+        self.mesh_enabled() || self.nats.enabled()
+    }
+
+    /// Whether changes travel over the HTTP mesh.
+    pub fn mesh_enabled(&self) -> bool {
         !self.urls.is_empty() || self.dns.is_some() || self.listen.is_some()
     }
 
     pub(crate) fn validate(&self, tls: &TlsConfig) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        self.nats.validate()?;
+        if self.nats.enabled() && self.mesh_enabled() {
+            return bad("peers: share over NATS (peers.nats.url) or over the HTTP mesh \
+                        (peers.urls, peers.dns, peers.listen), not both"
+                .into());
+        }
         if !self.enabled() {
+            return Ok(());
+        }
+        if self.flush_ms == 0 || self.timeout_ms < 3 * self.flush_ms || self.queue_batches == 0 {
+            return bad("peers: flush_ms and queue_batches must be positive and timeout_ms at \
+                        least 3 × flush_ms"
+                .into());
+        }
+        if !self.mesh_enabled() {
             return Ok(());
         }
         match &self.key {
@@ -136,11 +160,6 @@ impl PeersConfig {
             if d.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok()).is_none() {
                 return bad(format!("peers.dns {d:?}: expected HOST:PORT"));
             }
-        }
-        if self.flush_ms == 0 || self.timeout_ms < 3 * self.flush_ms || self.queue_batches == 0 {
-            return bad("peers: flush_ms and queue_batches must be positive and timeout_ms at \
-                        least 3 × flush_ms"
-                .into());
         }
         if self.resolve_interval_ms == 0 {
             return bad("peers.resolve_interval_ms must be positive".into());

@@ -14,6 +14,7 @@ pub(crate) mod cluster_config;
 pub(crate) mod disagg_config;
 pub(crate) mod epp_config;
 pub(crate) mod model_config;
+pub(crate) mod nats_config;
 pub(crate) mod pool_config;
 pub(crate) mod replica_config;
 pub(crate) mod settings;
@@ -24,6 +25,7 @@ pub use crate::config::cluster_config::{DiscoveryConfig, PeersConfig};
 pub use crate::config::disagg_config::{DisaggConfig, Role, SplitMode};
 pub use crate::config::epp_config::{EppConfig, DEFAULT_EPP_LISTEN};
 pub use crate::config::model_config::ModelConfig;
+pub use crate::config::nats_config::{NatsConfig, DEFAULT_SUBJECT as DEFAULT_NATS_SUBJECT};
 pub use crate::config::pool_config::{PoolConfig, DEFAULT_POOL};
 pub use crate::config::replica_config::{Passthrough, ReplicaConfig, MAX_DP_SIZE};
 pub use crate::config::tenants_config::{TenantKey, TenantsSection, DEFAULT_TENANT_HEADER};
@@ -355,6 +357,8 @@ impl GatewayConfig {
         c.auth.api_keys.clear();
         c.auth.admin_key = None;
         c.peers.key = None;
+        c.peers.nats.token = None;
+        c.peers.nats.password = None;
         c.discovery.api_key = None;
         if let Some(t) = &mut c.tenants {
             for k in &mut t.keys {

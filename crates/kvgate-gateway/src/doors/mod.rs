@@ -1,5 +1,5 @@
 //! Every way in: the OpenAI API, the admin API and dashboard, the endpoint picker, the
-//! peers' endpoint, the server that listens for them, and the keys, throttles, shedding
+//! peers' endpoint and NATS bus, the server that listens for them, and the keys, throttles, shedding
 //! and TLS in front of them.
 
 pub(crate) mod admin;
@@ -7,7 +7,9 @@ pub(crate) mod api;
 pub(crate) mod auth;
 pub(crate) mod dashboard;
 pub(crate) mod epp;
+pub(crate) mod peer_bus;
 pub(crate) mod peer_state;
+pub(crate) mod peer_wire;
 pub(crate) mod peers;
 pub(crate) mod server;
 pub(crate) mod shed;

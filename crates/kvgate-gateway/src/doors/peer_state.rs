@@ -3,7 +3,7 @@
 //! handler and the tasks that change it are in `peers.rs`.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -12,7 +12,7 @@ use kvgate_router::PeerId;
 use tokio::sync::mpsc;
 
 use crate::locks::lock;
-use crate::observe::snapshot::{PeerSnapshot, PeerTargetSnapshot};
+use crate::observe::snapshot::{PeerBusSnapshot, PeerSnapshot, PeerTargetSnapshot};
 
 /// A peer we have heard from.
 #[derive(Debug)]
@@ -38,6 +38,19 @@ pub(crate) struct Target {
     pub(crate) stats: Arc<TargetStats>,
 }
 
+/// The NATS connection's state, when changes travel over NATS.
+#[derive(Debug, Default)]
+pub(crate) struct BusState {
+    /// Whether `peers.nats` is configured (else the rest stays zero).
+    pub(crate) configured: AtomicBool,
+    /// Whether the client is connected to a server now.
+    pub(crate) connected: AtomicBool,
+    /// Connections lost.
+    pub(crate) disconnects: AtomicU64,
+    /// Messages on the subject that were not a batch (dropped).
+    pub(crate) undecodable: AtomicU64,
+}
+
 /// Peer state shared by the handlers and the sender.
 #[derive(Debug)]
 pub(crate) struct Peers {
@@ -52,6 +65,8 @@ pub(crate) struct Peers {
     pub(crate) outbox_dropped: AtomicU64,
     /// Peers forgotten for silence.
     pub(crate) forgotten: AtomicU64,
+    /// The NATS connection, when `peers.nats` is set.
+    pub(crate) bus: BusState,
 }
 
 impl Peers {
@@ -71,6 +86,7 @@ impl Peers {
             itself: Mutex::new(HashSet::new()),
             outbox_dropped: AtomicU64::new(0),
             forgotten: AtomicU64::new(0),
+            bus: BusState::default(),
         }
     }
 
@@ -98,6 +114,16 @@ impl Peers {
             .collect();
         targets.sort_by(|a, b| a.url.cmp(&b.url));
         (peers, targets)
+    }
+
+    /// For the snapshot: the NATS connection, when configured.
+    pub(crate) fn bus_snapshot(&self) -> Option<PeerBusSnapshot> {
+        let b = &self.bus;
+        b.configured.load(Ordering::Relaxed).then(|| PeerBusSnapshot {
+            connected: b.connected.load(Ordering::Relaxed),
+            disconnects: b.disconnects.load(Ordering::Relaxed),
+            undecodable: b.undecodable.load(Ordering::Relaxed),
+        })
     }
 }
 

@@ -6,8 +6,10 @@
 //! token, finish) to its peers and books theirs through the router's peer
 //! API, and each routes on the fleet's whole load.
 //!
-//! Transport: batched JSON over HTTP, `POST /peer/v1/changes` on the peer
-//! listener, `Authorization: Bearer <peers.key>` (constant-time check).
+//! Transport: the batches of `peer_wire.rs` over HTTP, `POST
+//! /peer/v1/changes` on the peer listener, `Authorization: Bearer
+//! <peers.key>` (constant-time check); or, with `[peers.nats]`, published
+//! once on a NATS subject (`peer_bus.rs`), which is then the only target.
 //! One sender task per peer posts its batches in order; a peer that is
 //! slow or gone only loses batches (bounded queue, counted), and routing
 //! never waits for it. A peer silent for `peers.timeout_ms` is forgotten:
@@ -24,7 +26,7 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 use tracing::Instrument;
 
 use axum::body::Bytes;
@@ -32,15 +34,15 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use kvgate_index::BlockKey;
-use kvgate_router::{LedgerChange, PeerId};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::cluster_config::PeersConfig;
 use crate::config::settings::PeerTiming;
 use crate::doors::auth::{bearer, key_matches};
-use crate::doors::peer_state::{Known, Peers, Target, TargetStats};
+use crate::doors::peer_bus::{Bus, Sink};
+use crate::doors::peer_state::{Peers, Target, TargetStats};
+use crate::doors::peer_wire::{self, Applied};
 use crate::doors::throttle::{self, ClientAddr, KeyKind, KeyThrottle, KeyVerdict};
 use crate::locks::lock;
 use crate::observe::metrics::Metrics;
@@ -71,46 +73,11 @@ pub(crate) struct PeerContext {
     pub(crate) metrics: Arc<Metrics>,
 }
 
-/// One batch on the wire.
-#[derive(Debug, Serialize, Deserialize)]
-struct WireBatch {
-    /// The sender's instance id.
-    instance: String,
-    /// Sender's wall clock when sent, ms since the epoch (for lag).
-    sent_unix_ms: u64,
-    changes: Vec<WireChange>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum WireChange {
-    Book {
-        id: u64,
-        replica: String,
-        prefill_tokens: u64,
-        blocks: u64,
-    },
-    FirstToken {
-        id: u64,
-    },
-    Finish {
-        id: u64,
-    },
-    /// Blocks a booking will soon cache on `replica` (content keys, equal
-    /// on every instance): a peer's burst then finds the prefix there.
-    Tentative {
-        replica: String,
-        keys: Vec<u64>,
-    },
-}
-
+/// What a peer answers to a batch: its instance id (so that a target that
+/// is this process is recognised and skipped).
 #[derive(Debug, Serialize, Deserialize)]
 struct WireReply {
     instance: String,
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// `POST /peer/v1/changes`: a peer's batch, applied in order.
@@ -133,103 +100,35 @@ pub(crate) async fn receive(
             return (StatusCode::UNAUTHORIZED, "peer key required").into_response();
         }
     }
-    let batch: WireBatch = match serde_json::from_slice(&body) {
+    let batch = match peer_wire::decode(&body) {
         Ok(b) => b,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("bad batch: {e}")).into_response(),
     };
-    let peers = &s.peers;
-    let reply = Json(WireReply { instance: peers.instance.clone() });
-    if batch.instance == peers.instance {
-        return reply.into_response();
+    let applied = peer_wire::apply(&s.peers, &s.fleet, &s.replicas, &batch, crate::clock::now());
+    if let Applied::Changes { lag_s, .. } = applied {
+        s.metrics.peer_batch_lag(lag_s);
     }
-    let now = crate::clock::now();
-    let lag_s = unix_ms().saturating_sub(batch.sent_unix_ms) as f64 / 1e3;
-    let peer = {
-        let mut known = lock(&peers.known);
-        let k = known.entry(batch.instance.clone()).or_insert_with(|| {
-            let id = PeerId(peers.next_peer.fetch_add(1, Ordering::Relaxed));
-            tracing::info!(instance = %batch.instance, "peer joined");
-            Known { id, last_seen: now, changes: 0, unknown_replica: 0, lag_s }
-        });
-        k.last_seen = now;
-        k.lag_s = lag_s;
-        k.changes += batch.changes.len() as u64;
-        k.id
-    };
-    let mut unknown = 0;
-    {
-        // Names to local ids first, outside the router's lock.
-        let mut tentative = Vec::new();
-        let changes: Vec<Option<LedgerChange>> = batch
-            .changes
-            .iter()
-            .filter_map(|c| match c {
-                WireChange::Tentative { replica, keys } => {
-                    match s.replicas.by_name(replica) {
-                        Some(r) => tentative.push((r.id, keys)),
-                        None => unknown += 1,
-                    }
-                    None
-                }
-                other => Some(other),
-            })
-            .map(|c| match c {
-                WireChange::Book { id, replica, prefill_tokens, blocks } => {
-                    s.replicas.by_name(replica).map(|r| LedgerChange::Book {
-                        id: *id,
-                        replica: r.id,
-                        prefill_tokens: *prefill_tokens,
-                        blocks: *blocks,
-                    })
-                }
-                WireChange::FirstToken { id } => Some(LedgerChange::FirstToken { id: *id }),
-                WireChange::Finish { id } => Some(LedgerChange::Finish { id: *id }),
-                WireChange::Tentative { .. } => None,
-            })
-            .collect();
-        unknown += s.fleet.with(|f| {
-            for (replica, keys) in tentative {
-                let keys: Vec<BlockKey> = keys.iter().map(|&k| BlockKey(k)).collect();
-                f.apply_peer_tentative(replica, &keys, now);
-            }
-            let mut unknown = 0;
-            for c in changes {
-                match c {
-                    Some(c) => f.apply_peer(peer, &c, now),
-                    None => unknown += 1,
-                }
-            }
-            unknown
-        });
-    }
-    if unknown > 0 {
-        if let Some(k) = lock(&peers.known).get_mut(&batch.instance) {
-            k.unknown_replica += unknown;
-        }
-    }
-    reply.into_response()
+    Json(WireReply { instance: s.peers.instance.clone() }).into_response()
 }
 
-fn wire(replicas: &Directory, c: &LedgerChange) -> Option<WireChange> {
-    Some(match *c {
-        LedgerChange::Book { id, replica, prefill_tokens, blocks } => WireChange::Book {
-            id,
-            replica: replicas.get(replica)?.name.clone(),
-            prefill_tokens,
-            blocks,
-        },
-        LedgerChange::FirstToken { id } => WireChange::FirstToken { id },
-        LedgerChange::Finish { id } => WireChange::Finish { id },
-    })
-}
-
-/// Sends local changes to every peer, forgets silent peers, and keeps the
-/// target list current (static URLs plus `peers.dns`), until `stop`.
-pub(crate) async fn run(ctx: Arc<PeerContext>, mut stop: watch::Receiver<bool>) {
+/// Sends local changes to every peer (or to the NATS `bus`), forgets
+/// silent peers, and keeps the target list current (static URLs plus
+/// `peers.dns`), until `stop`.
+pub(crate) async fn run(ctx: Arc<PeerContext>, bus: Option<Bus>, mut stop: watch::Receiver<bool>) {
     let cfg = ctx.config.clone();
     ctx.fleet.with(|f| f.share_with_peers());
     for u in &cfg.urls {
         add_target(&ctx, u.trim_end_matches('/'));
+    }
+    if let Some(bus) = bus {
+        let (rx, stats) = insert_target(&ctx, &bus.label.clone());
+        let sink = Sink {
+            peers: Arc::clone(&ctx.peers),
+            fleet: Arc::clone(&ctx.fleet),
+            replicas: Arc::clone(&ctx.replicas),
+            metrics: Arc::clone(&ctx.metrics),
+        };
+        bus.start(sink, ctx.timing.timeout, rx, stats, stop.clone());
     }
     let PeerTiming { flush, heartbeat, resolve_every, .. } = ctx.timing;
     let mut tick = tokio::time::interval(flush);
@@ -257,21 +156,11 @@ pub(crate) async fn run(ctx: Arc<PeerContext>, mut stop: watch::Receiver<bool>) 
             forget_silent(&ctx, now);
             continue;
         }
-        let batch = WireBatch {
-            instance: ctx.peers.instance.clone(),
-            sent_unix_ms: unix_ms(),
-            changes: changes
-                .iter()
-                .filter_map(|c| wire(&ctx.replicas, c))
-                .chain(tentative.drain(..).filter_map(|(r, keys)| {
-                    Some(WireChange::Tentative {
-                        replica: ctx.replicas.get(r)?.name.clone(),
-                        keys: keys.iter().map(|k| k.0).collect(),
-                    })
-                }))
-                .collect(),
+        let Some(body) =
+            peer_wire::encode(&ctx.peers.instance, &ctx.replicas, &changes, &mut tentative)
+        else {
+            continue;
         };
-        let Ok(body) = serde_json::to_vec(&batch) else { continue };
         let body = Bytes::from(body);
         for t in lock(&ctx.peers.targets).values() {
             if t.tx.try_send(body.clone()).is_err() {
@@ -284,20 +173,8 @@ pub(crate) async fn run(ctx: Arc<PeerContext>, mut stop: watch::Receiver<bool>) 
     lock(&ctx.peers.targets).clear();
 }
 
-/// Releases the bookings of peers silent for longer than the timeout.
 fn forget_silent(ctx: &PeerContext, now: Instant) {
-    let timeout = ctx.timing.timeout;
-    let gone: Vec<(String, PeerId)> = lock(&ctx.peers.known)
-        .iter()
-        .filter(|(_, k)| now.saturating_duration_since(k.last_seen) > timeout)
-        .map(|(i, k)| (i.clone(), k.id))
-        .collect();
-    for (instance, id) in gone {
-        lock(&ctx.peers.known).remove(&instance);
-        let released = ctx.fleet.with(|f| f.forget_peer(id));
-        ctx.peers.forgotten.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(%instance, released, "peer silent too long: forgotten, its bookings released");
-    }
+    peer_wire::forget_silent(&ctx.peers, &ctx.fleet, ctx.timing.timeout, now);
 }
 
 /// Resolves `dns` (HOST:PORT) and makes its addresses the DNS-found
@@ -328,15 +205,20 @@ fn add_target(ctx: &Arc<PeerContext>, url: &str) {
     if lock(&ctx.peers.itself).contains(url) {
         return;
     }
-    let mut targets = lock(&ctx.peers.targets);
-    if targets.contains_key(url) {
+    if lock(&ctx.peers.targets).contains_key(url) {
         return;
     }
-    let (tx, rx) = mpsc::channel(ctx.config.queue_batches);
-    let stats = Arc::new(TargetStats::default());
-    targets.insert(url.to_owned(), Target { tx, stats: Arc::clone(&stats) });
+    let (rx, stats) = insert_target(ctx, url);
     tokio::spawn(send_loop(Arc::clone(ctx), url.to_owned(), rx, stats));
     tracing::info!(%url, "peer target added");
+}
+
+/// A send target's bounded queue and counters, registered under `name`.
+fn insert_target(ctx: &PeerContext, name: &str) -> (mpsc::Receiver<Bytes>, Arc<TargetStats>) {
+    let (tx, rx) = mpsc::channel(ctx.config.queue_batches);
+    let stats = Arc::new(TargetStats::default());
+    lock(&ctx.peers.targets).insert(name.to_owned(), Target { tx, stats: Arc::clone(&stats) });
+    (rx, stats)
 }
 
 /// Posts one target's batches in order until its queue is dropped.
@@ -392,40 +274,5 @@ async fn send_loop(
                 stats.failures.fetch_add(1, Ordering::Relaxed);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batches_round_trip_on_the_wire() {
-        let b = WireBatch {
-            instance: "ab".into(),
-            sent_unix_ms: 7,
-            changes: vec![
-                WireChange::Book { id: 1, replica: "r0".into(), prefill_tokens: 512, blocks: 32 },
-                WireChange::FirstToken { id: 1 },
-                WireChange::Finish { id: 1 },
-                WireChange::Tentative { replica: "r0".into(), keys: vec![7, u64::MAX] },
-            ],
-        };
-        let text = serde_json::to_string(&b).unwrap_or_default();
-        assert!(text.contains(r#""kind":"book""#), "{text}");
-        let back: WireBatch = serde_json::from_str(&text).unwrap_or(WireBatch {
-            instance: String::new(),
-            sent_unix_ms: 0,
-            changes: vec![],
-        });
-        assert_eq!(back.changes.len(), 4);
-        // Content keys survive JSON exactly, even past 2^53.
-        assert!(
-            matches!(&back.changes[3], WireChange::Tentative { keys, .. } if keys[1] == u64::MAX)
-        );
-        assert!(matches!(back.changes[0], WireChange::Book { id: 1, prefill_tokens: 512, .. }));
-        // Unknown kinds are refused, not guessed.
-        let bad = r#"{"instance":"x","sent_unix_ms":0,"changes":[{"kind":"steal","id":1}]}"#;
-        assert!(serde_json::from_str::<WireBatch>(bad).is_err());
     }
 }

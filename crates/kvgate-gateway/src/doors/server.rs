@@ -371,7 +371,18 @@ impl Gateway {
             stop_rx.clone(),
         )));
         if shared.config.peers.enabled() {
-            servers.push(tokio::spawn(crate::doors::peers::run(peer_context, stop_rx.clone())));
+            let bus = match shared.config.peers.nats.enabled() {
+                true => Some(
+                    crate::doors::peer_bus::connect(&shared.config.peers.nats, &shared.peers)
+                        .await?,
+                ),
+                false => None,
+            };
+            servers.push(tokio::spawn(crate::doors::peers::run(
+                peer_context,
+                bus,
+                stop_rx.clone(),
+            )));
         }
         for pool in shared.config.pools().into_iter().filter(|p| p.discovery.dns.is_some()) {
             let registry = Arc::clone(&shared.registry);

@@ -210,12 +210,25 @@ impl ServerTls {
 /// asked. `None` without `tls.ca` (then only http:// is allowed).
 pub(crate) fn client_config(c: &TlsConfig) -> Result<Option<ClientConfig>, String> {
     let Some(ca) = &c.ca else { return Ok(None) };
+    let identity = c.client_cert.as_deref().zip(c.client_key.as_deref());
+    let mut config = client_config_with(ca, identity)?;
+    config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+    Ok(Some(config))
+}
+
+/// A client configuration on kvgate's provider that trusts only the CA
+/// bundle at `ca` and presents `identity` (certificate chain, key) when
+/// asked: the HTTPS clients' and the NATS connection's.
+pub(crate) fn client_config_with(
+    ca: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<ClientConfig, String> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .with_root_certificates(roots(ca)?);
-    let mut config = match (&c.client_cert, &c.client_key) {
-        (Some(cert), Some(key)) => {
+    Ok(match identity {
+        Some((cert, key)) => {
             let (certs, der) = (read_certs(cert)?, read_key(key)?);
             // Checked as the server's pair is, for the same mistakes.
             certified(certs.clone(), der.clone_key(), cert, key)?;
@@ -223,10 +236,8 @@ pub(crate) fn client_config(c: &TlsConfig) -> Result<Option<ClientConfig>, Strin
                 .with_client_auth_cert(certs, der)
                 .map_err(|e| format!("{}: {e}", cert.display()))?
         }
-        _ => builder.with_no_client_auth(),
-    };
-    config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
-    Ok(Some(config))
+        None => builder.with_no_client_auth(),
+    })
 }
 
 #[cfg(test)]

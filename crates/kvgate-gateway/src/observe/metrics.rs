@@ -133,6 +133,13 @@ fn pick_histogram() -> Histogram {
     ])
 }
 
+/// A peer's batch from its flush to its arrival: 100 µs to 2.5 s.
+fn peer_lag_histogram() -> Histogram {
+    Histogram::new([
+        1e-4, 2.5e-4, 5e-4, 1e-3, 2e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    ])
+}
+
 /// Durations that can go into a histogram: finite, not negative. A NaN would
 /// poison the sum for the life of the process.
 fn duration(seconds: f64) -> Option<f64> {
@@ -154,6 +161,7 @@ pub(crate) struct Metrics {
     tokenize: Histogram,
     decide: Histogram,
     epp_pick: Histogram,
+    peer_batch_lag: Histogram,
     prompt_tokens: Counter,
     predicted_cached_tokens: Counter,
     unmatched: Family<ReasonLabels, Counter>,
@@ -187,6 +195,7 @@ impl Metrics {
         let tokenize = tokenize_histogram();
         let decide = decide_histogram();
         let epp_pick = pick_histogram();
+        let peer_batch_lag = peer_lag_histogram();
         let prompt_tokens = Counter::default();
         let predicted_cached_tokens = Counter::default();
         let unmatched = Family::<ReasonLabels, Counter>::default();
@@ -261,6 +270,13 @@ impl Metrics {
             Unit::Seconds,
             epp_pick.clone(),
         );
+        registry.register_with_unit(
+            "peer_batch_lag",
+            "Peers' batches from their flush to their arrival here (wall clocks; over the \
+             HTTP mesh or NATS)",
+            Unit::Seconds,
+            peer_batch_lag.clone(),
+        );
         registry.register(
             "disagg_plans",
             "Requests of disaggregated pools, by plan: split (prefill hop, then decode hop), \
@@ -319,6 +335,7 @@ impl Metrics {
             tokenize,
             decide,
             epp_pick,
+            peer_batch_lag,
             prompt_tokens,
             predicted_cached_tokens,
             unmatched,
@@ -401,6 +418,13 @@ impl Metrics {
     pub(crate) fn epp_pick(&self, seconds: f64) {
         if let Some(s) = duration(seconds) {
             self.epp_pick.observe(s);
+        }
+    }
+
+    /// A peer's batch arrived `seconds` after its flush.
+    pub(crate) fn peer_batch_lag(&self, seconds: f64) {
+        if let Some(s) = duration(seconds) {
+            self.peer_batch_lag.observe(s);
         }
     }
 
@@ -636,6 +660,26 @@ impl SnapshotCollector {
             "peers_forgotten",
             "Peers forgotten after going silent (their bookings aged out)",
             none(s.peers_forgotten),
+        )?;
+        let Some(bus) = &s.peer_bus else { return Ok(()) };
+        gauges(
+            enc,
+            "peer_bus_connected",
+            "Whether the NATS connection peers share over is up (1) or lost (0)",
+            None,
+            none(u64::from(bus.connected)),
+        )?;
+        counters(
+            enc,
+            "peer_bus_disconnects",
+            "NATS connections lost (the client reconnects by itself)",
+            none(bus.disconnects),
+        )?;
+        counters(
+            enc,
+            "peer_bus_undecodable",
+            "Messages on the peers' NATS subject that were not a batch (dropped)",
+            none(bus.undecodable),
         )
     }
 
@@ -1195,6 +1239,11 @@ mod tests {
             }],
             peer_outbox_dropped: 0,
             peers_forgotten: 1,
+            peer_bus: Some(crate::observe::snapshot::PeerBusSnapshot {
+                connected: true,
+                disconnects: 2,
+                undecodable: 1,
+            }),
             pools: vec![crate::observe::snapshot::PoolSnapshot {
                 name: "default".into(),
                 model: "m".into(),
@@ -1293,6 +1342,9 @@ mod tests {
                 r#"kvgate_peer_batches_sent_total{target="http://10.0.0.7:9000"} 6"#,
                 r#"kvgate_peer_send_failures_total{target="http://10.0.0.7:9000"} 2"#,
                 "kvgate_peers_forgotten_total 1",
+                "kvgate_peer_bus_connected 1",
+                "kvgate_peer_bus_disconnects_total 2",
+                "kvgate_peer_bus_undecodable_total 1",
                 r#"kvgate_ledger_releases_total{reason="replica_removed"} 0"#,
                 "kvgate_ledger_late_updates_total 4",
                 "kvgate_ledger_in_flight 8",

@@ -123,6 +123,8 @@ pub struct FleetSnapshot {
     pub peer_outbox_dropped: u64,
     /// Peers forgotten after going silent.
     pub peers_forgotten: u64,
+    /// The NATS connection peers share over, when configured.
+    pub peer_bus: Option<PeerBusSnapshot>,
     /// Per model pool.
     pub pools: Vec<PoolSnapshot>,
 }
@@ -198,6 +200,17 @@ pub struct PeerSnapshot {
     pub lag_s: f64,
     /// Since its last batch, seconds.
     pub silent_s: f64,
+}
+
+/// The NATS connection that carries peers' changes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PeerBusSnapshot {
+    /// Connected to a server now.
+    pub connected: bool,
+    /// Connections lost since start.
+    pub disconnects: u64,
+    /// Messages on the subject that were not a batch (dropped).
+    pub undecodable: u64,
 }
 
 /// A peer endpoint this instance sends to.

@@ -80,6 +80,7 @@ impl FleetView {
             uptime_s: now.saturating_duration_since(self.started).as_secs_f64(),
             peer_outbox_dropped: self.peers.outbox_dropped.load(Ordering::Relaxed),
             peers_forgotten: self.peers.forgotten.load(Ordering::Relaxed),
+            peer_bus: self.peers.bus_snapshot(),
             ..FleetSnapshot::default()
         };
         (out.peers, out.peer_targets) = (peers, peer_targets);

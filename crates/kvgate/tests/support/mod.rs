@@ -318,3 +318,38 @@ pub async fn chat_ok(base: &str, content: &str, stream: bool, headers: &[(&str, 
     assert_eq!(r.status(), 200);
     r.bytes().await.unwrap();
 }
+
+/// Peers' tests: requests a replica's ledger holds, over every replica, as
+/// `admin` sees it (its own and its peers' bookings).
+pub async fn booked(admin: &str) -> u64 {
+    let v = get_json(&format!("{admin}/admin/replicas")).await;
+    v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["prefill_requests"].as_u64().unwrap() + r["decoding_requests"].as_u64().unwrap())
+        .sum()
+}
+
+pub async fn wait_for(what: &str, within: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let t0 = Instant::now();
+    while !check().await {
+        assert!(t0.elapsed() < within, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts `n` long streams on `base` (prompts from `seed`); returns their tasks.
+pub fn long_streams(base: &str, n: u32, seed: u32) -> Vec<tokio::task::JoinHandle<usize>> {
+    (0..n)
+        .map(|i| {
+            let url = format!("{base}/v1/completions");
+            let prompt: Vec<u32> = (0..64).map(|t| 100 + seed * 10_000 + i * 1000 + t).collect();
+            let body = token_completion(&prompt, 120, true);
+            tokio::spawn(async move {
+                let Ok(r) = client().post(&url).json(&body).send().await else { return 0 };
+                r.bytes().await.map_or(0, |b| b.len())
+            })
+        })
+        .collect()
+}
