@@ -5,7 +5,8 @@
 //! instance must show in the others' ledgers and not twice in its own; a
 //! batch carrying an instance's own id is dropped by that instance; a peer
 //! that dies is released; a lost server never blocks routing and sharing
-//! resumes when it returns; wrong credentials stop the start with the reason.
+//! resumes when it returns; wrong credentials stop the start with the reason;
+//! an nkey user over TLS connects, and a CA that does not match is refused.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -342,4 +343,84 @@ async fn wrong_nats_credentials_stop_the_start_with_the_reason() {
         metric(&ok.base, "kvgate_peer_bus_connected").await == 1.0
     })
     .await;
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, as PEM files
+/// in `dir`: (CA, certificate, key).
+fn tls_files(dir: &std::path::Path, name: &str) -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, name);
+    let ca = CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap();
+    let leaf =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = leaf.signed_by(&key, &ca).unwrap();
+    let write = |file: &str, text: String| {
+        let path = dir.join(format!("{name}-{file}"));
+        std::fs::write(&path, text).unwrap();
+        path.to_string_lossy().into_owned()
+    };
+    (
+        write("ca.pem", ca.pem()),
+        write("cert.pem", cert.pem()),
+        write("key.pem", key.serialize_pem()),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_nkey_user_connects_over_tls_and_a_foreign_ca_is_refused() {
+    let dir = std::env::temp_dir().join(format!("kvgate-nats-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, cert, key) = tls_files(&dir, "server");
+    let (other_ca, _, _) = tls_files(&dir, "other");
+    let user = nkeys::KeyPair::new_user();
+    let seed_file = dir.join("user.nk");
+    std::fs::write(&seed_file, format!("{}\n", user.seed().unwrap())).unwrap();
+    let port = free_ports(1)[0];
+    let conf = dir.join("nats.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "listen: \"127.0.0.1:{port}\"\n\
+             tls {{ cert_file: \"{cert}\", key_file: \"{key}\", timeout: 2 }}\n\
+             authorization {{ users = [ {{ nkey: \"{}\" }} ] }}\n",
+            user.public_key()
+        ),
+    )
+    .unwrap();
+    let _nats = spawn_nats(port, &["-c", &conf.to_string_lossy()]);
+    let url = format!("tls://127.0.0.1:{port}");
+    let seed = format!("peers.nats.nkey_seed_file={}", seed_file.display());
+
+    let err = refused_start(&[
+        "--peer-nats",
+        &url,
+        "--set",
+        &seed,
+        "--set",
+        &format!("peers.nats.ca={other_ca}"),
+    ]);
+    assert!(err.contains("TLS failed"), "{err}");
+
+    let ok = spawn_serve_with(
+        &[],
+        &[
+            "--sim-replicas",
+            "1",
+            "--peer-nats",
+            &url,
+            "--set",
+            &seed,
+            "--set",
+            &format!("peers.nats.ca={ca}"),
+        ],
+    );
+    wait_ready(&ok.base).await;
+    wait_for("connected over TLS as the nkey user", Duration::from_secs(5), async || {
+        metric(&ok.base, "kvgate_peer_bus_connected").await == 1.0
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -71,7 +71,7 @@ pub(crate) async fn connect(cfg: &NatsConfig, peers: &Arc<Peers>) -> Result<Bus,
                     source: e,
                 })
             }
-            ConnectErrorKind::Tls => {
+            _ if is_tls_failure(&e) => {
                 return Err(StartError::BusRefused {
                     servers,
                     hint: "TLS failed (peers.nats.ca, client_cert, client_key; \
@@ -103,6 +103,24 @@ pub(crate) async fn connect(cfg: &NatsConfig, peers: &Arc<Peers>) -> Result<Bus,
     };
     let subject = cfg.subject.clone();
     Ok(Bus { client, label: format!("nats:{subject}"), subject })
+}
+
+/// Whether a connection failed in TLS: the client reports a handshake the
+/// server's certificate failed (unknown issuer, wrong name) as I/O, with
+/// rustls's error inside.
+fn is_tls_failure(e: &async_nats::ConnectError) -> bool {
+    if e.kind() == ConnectErrorKind::Tls {
+        return true;
+    }
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let inner = c.downcast_ref::<std::io::Error>().and_then(std::io::Error::get_ref);
+        if c.is::<rustls::Error>() || inner.is_some_and(|i| i.is::<rustls::Error>()) {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// The client's options from `[peers.nats]`; the event callback keeps
@@ -298,6 +316,20 @@ fn receive(ctx: &Sink, payload: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handshake_failures_are_told_from_unreachable_servers() {
+        let handshake = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        let e = async_nats::ConnectError::with_source(ConnectErrorKind::Io, handshake);
+        assert!(is_tls_failure(&e));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let e = async_nats::ConnectError::with_source(ConnectErrorKind::Io, refused);
+        assert!(!is_tls_failure(&e));
+        assert!(is_tls_failure(&async_nats::ConnectError::new(ConnectErrorKind::Tls)));
+    }
 
     #[test]
     fn seeds_are_read_from_nk_files() {
