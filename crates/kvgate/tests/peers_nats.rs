@@ -293,6 +293,19 @@ fn refused_start(args: &[&str]) -> String {
     err
 }
 
+/// Starts one instance (one simulated replica) on the NATS server at
+/// `url` with `args`, and waits until it is ready and connected.
+async fn connects(url: &str, args: &[&str], how: &str) {
+    let mut all = vec!["--sim-replicas", "1", "--peer-nats", url];
+    all.extend_from_slice(args);
+    let ok = spawn_serve_with(&[], &all);
+    wait_ready(&ok.base).await;
+    wait_for(&format!("connected {how}"), Duration::from_secs(5), async || {
+        metric(&ok.base, "kvgate_peer_bus_connected").await == 1.0
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_nats_credentials_stop_the_start_with_the_reason() {
     let port = free_ports(1)[0];
@@ -325,24 +338,8 @@ async fn wrong_nats_credentials_stop_the_start_with_the_reason() {
         "wrong",
     ]);
     assert!(err.contains("refused this instance's credentials"), "{err}");
-    let ok = spawn_serve_with(
-        &[],
-        &[
-            "--sim-replicas",
-            "1",
-            "--peer-nats",
-            &url,
-            "--peer-nats-user",
-            "kvgate",
-            "--peer-nats-password",
-            "s3cret-pass",
-        ],
-    );
-    wait_ready(&ok.base).await;
-    wait_for("connected with user and password", Duration::from_secs(5), async || {
-        metric(&ok.base, "kvgate_peer_bus_connected").await == 1.0
-    })
-    .await;
+    let creds = ["--peer-nats-user", "kvgate", "--peer-nats-password", "s3cret-pass"];
+    connects(&url, &creds, "with user and password").await;
 }
 
 /// A CA and a server certificate for 127.0.0.1 signed by it, as PEM files
@@ -404,23 +401,7 @@ async fn an_nkey_user_connects_over_tls_and_a_foreign_ca_is_refused() {
     ]);
     assert!(err.contains("TLS failed"), "{err}");
 
-    let ok = spawn_serve_with(
-        &[],
-        &[
-            "--sim-replicas",
-            "1",
-            "--peer-nats",
-            &url,
-            "--set",
-            &seed,
-            "--set",
-            &format!("peers.nats.ca={ca}"),
-        ],
-    );
-    wait_ready(&ok.base).await;
-    wait_for("connected over TLS as the nkey user", Duration::from_secs(5), async || {
-        metric(&ok.base, "kvgate_peer_bus_connected").await == 1.0
-    })
-    .await;
+    let ca = format!("peers.nats.ca={ca}");
+    connects(&url, &["--set", &seed, "--set", &ca], "over TLS as the nkey user").await;
     let _ = std::fs::remove_dir_all(&dir);
 }
