@@ -43,6 +43,11 @@ pub struct RouteRequest<'a> {
     /// prompt's KV arrives from a prefill replica at this many seconds per
     /// token not cached on the candidate, instead of being prefilled there.
     pub remote_kv_s_per_token: Option<f64>,
+    /// The request already runs on the one replica not excluded (an
+    /// endpoint picker's gateway retried it there): it is booked there
+    /// whatever that replica's load, since no wait or refusal can move it
+    /// any more. Only a replica that is down or unknown refuses it.
+    pub already_running: bool,
 }
 
 /// Why a request was not routed.
@@ -199,7 +204,8 @@ impl Router {
         let routable = cands.iter().filter(|c| usable(c)).count();
         let mut eligible = std::mem::take(&mut self.scratch_eligible);
         eligible.clear();
-        eligible.extend((0..cands.len()).filter(|&i| usable(&cands[i]) && !cands[i].busy));
+        let open = |c: &Candidate| !c.busy || req.already_running;
+        eligible.extend((0..cands.len()).filter(|&i| usable(&cands[i]) && open(&cands[i])));
         let outcome = if routable == 0 {
             Err((Reason::NoReplica, RejectReason::NoReplica))
         } else if eligible.is_empty() {

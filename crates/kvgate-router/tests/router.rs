@@ -161,6 +161,31 @@ fn all_busy_waits_boundedly_then_rejects() {
 }
 
 #[test]
+fn a_request_already_running_is_booked_on_its_busy_replica_and_refused_only_when_down() {
+    let cfg = RouterConfig { busy_pending_tokens: 1000, ..RouterConfig::default() };
+    let mut r = router_with(cfg, 2);
+    let k = keys(100, 4);
+    let t0 = Instant::now();
+    let _a = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+    let _b = r.decide_with_matches(&req(&k), &[], t0).routed().unwrap();
+    let other = [_b.replica];
+    let pinned = RouteRequest { exclude: &other, ..req(&k) };
+    assert!(
+        matches!(r.decide_with_matches(&pinned, &[], t0), Decision::Wait { .. }),
+        "a new request waits for the busy replica"
+    );
+    let running = RouteRequest { already_running: true, ..pinned };
+    let d = r.decide_with_matches(&running, &[], t0).routed().expect("booked although busy");
+    assert_eq!(d.replica, _a.replica);
+    assert_eq!(r.load(_a.replica).unwrap().load.requests(), 2);
+    r.set_health(_a.replica, Health::Down).unwrap();
+    assert!(matches!(
+        r.decide_with_matches(&running, &[], t0),
+        Decision::Reject { reason: RejectReason::NoReplica, .. }
+    ));
+}
+
+#[test]
 fn a_burst_follows_its_own_tentative_blocks_until_the_queue_outweighs_them() {
     let mut r = router(PolicyKind::KvAware, 4);
     let k = keys(256, 5); // 4096-token shared prompt

@@ -2,8 +2,9 @@
 //! checked on its sources: fleet state changes only inside the fleet core
 //! (`kvgate-fleet`), only the fleet's shell takes its lock (every other file,
 //! the request path included, sees only the handle's named methods), a
-//! replica's failure is reported from three places, and the replica
-//! directory is read without a lock.
+//! replica's failure is reported from three places, both doors share one
+//! placement path and one watcher of answers, and the replica directory is
+//! read without a lock.
 
 #![allow(clippy::unwrap_used)]
 
@@ -66,7 +67,7 @@ fn only_the_fleet_core_changes_replica_health() {
 /// other file, the whole request path (`request/`, the endpoint picker)
 /// included, calls the handle's named methods (`route`, `finish`,
 /// `failed`, `adapter_pool`...), each one short hold of the lock.
-const FLEET_SHELL: [&str; 10] = [
+const FLEET_SHELL: [&str; 11] = [
     // The handle: its named methods.
     "replicas/fleet_handle.rs",
     // KV events into the index; a dead feed's view cleared.
@@ -80,8 +81,10 @@ const FLEET_SHELL: [&str; 10] = [
     "replicas/fleet_view.rs",
     "observe/decision_json.rs",
     "doors/admin.rs",
-    // Ledger changes to and from peers.
+    // Ledger changes to and from peers (the mesh, and what it shares with
+    // the NATS bus: applying a batch, releasing a silent peer).
     "doors/peers.rs",
+    "doors/peer_wire.rs",
 ];
 
 /// The files that may report a replica's failure (`fleet.failed(..)`),
@@ -90,6 +93,18 @@ const FLEET_SHELL: [&str; 10] = [
 /// monitor.
 const FAILURE_REPORTERS: [&str; 3] =
     ["request/forward.rs", "request/relay.rs", "replicas/monitor.rs"];
+
+/// The one request path behind both doors: only `placement.rs` asks the
+/// fleet for a decision (the proxy's placements and retries, the endpoint
+/// picker's placements and its gateway's fallbacks), only
+/// `stream_watch.rs` looks for a streamed answer's first token, and only
+/// `booking.rs` presumes a whole answer's.
+const ONE_PATH: [(&str, &[&str]); 4] = [
+    ("fleet.route(", &["request/placement.rs"]),
+    ("fleet.plan(", &["request/placement.rs"]),
+    ("is_output_event(", &["request/stream_watch.rs"]),
+    ("first_token_unmeasured(", &["request/booking.rs", "replicas/fleet_handle.rs"]),
+];
 
 /// A file's code without `//` comments, without its inline `#[cfg(test)]`
 /// module, and with all whitespace removed, so that a call split over lines
@@ -142,6 +157,10 @@ fn calls_outside(
 fn fleet_violations(files: &[(String, String)]) -> Vec<String> {
     let mut found = calls_outside(files, "fleet.with(", &FLEET_SHELL, usize::MAX);
     found.extend(calls_outside(files, "fleet.failed(", &FAILURE_REPORTERS, 1));
+    for (call, allowed) in ONE_PATH {
+        found.extend(calls_outside(files, call, allowed, usize::MAX));
+    }
+    found.extend(calls_outside(files, "StreamTap::new(", &["request/stream_watch.rs"], 1));
     for (file, text) in files {
         let request_path = file.starts_with("request/") || file.starts_with("doors/epp");
         if request_path && !is_test(file) && !uses(text, "Fleet;").is_empty() {
@@ -163,6 +182,11 @@ fn only_the_shell_takes_the_fleet_lock_and_three_places_report_failures() {
         |file: &str, call: &str| all.iter().any(|(f, t)| f == file && squeezed(t).contains(call));
     assert!(sees("replicas/registry.rs", "fleet.with("), "the lock check finds no lock");
     assert!(sees("request/forward.rs", "fleet.failed("), "the report check finds no report");
+    assert!(sees("request/placement.rs", "fleet.route("), "the placement check finds no decision");
+    assert!(
+        sees("request/stream_watch.rs", "is_output_event("),
+        "the watcher check finds no watcher"
+    );
     let found = fleet_violations(&all);
     assert!(found.is_empty(), "the fleet reached outside its owners:\n{}", found.join("\n"));
 }
@@ -187,6 +211,11 @@ fn a_planted_fleet_access_or_failure_report_fails_the_check() {
         // A second reporter, and a second report in an allowed file.
         file("request/pd_forward.rs", "fwd.fleet.failed(id, why, Failure::Error, clock::now());"),
         file("request/forward.rs", "fleet.failed(a, b, c, d); fleet.failed(a, b, c, d);"),
+        // A door deciding, watching or presuming on its own.
+        file("doors/epp/wire.rs", "match ctx.fleet\n    .route(pool, &req, now) {"),
+        file("request/relay.rs", "output |= anthropic::is_output_event(item);"),
+        file("request/forward.rs", "booking.first_token_unmeasured(clock::now());"),
+        file("request/response.rs", "let tap = StreamTap::new();"),
         file("doors/epp/exchange.rs", "use kvgate_fleet::Fleet;"),
     ];
     let found = fleet_violations(&planted);

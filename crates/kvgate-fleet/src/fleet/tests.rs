@@ -65,6 +65,7 @@ fn route(f: &mut Fleet, keys: &[kvgate_index::BlockKey], now: Instant) -> Decisi
         exclude: &[],
         adapter: None,
         remote_kv_s_per_token: None,
+        already_running: false,
     };
     f.route(0, &req, now)
 }

@@ -30,16 +30,36 @@ impl HeldBooking {
         self.fleet.first_token(self.booking, now)
     }
 
-    /// The prefill is presumed done but its first token was not observed (a
-    /// whole, non-streamed response).
-    pub(crate) fn first_token_unmeasured(&self, now: Instant) {
-        self.fleet.first_token_unmeasured(self.booking, now);
+    /// The one rule for whole (non-streamed) answers, at both doors: their
+    /// first token cannot be observed, so the booking moves to decoding
+    /// when the model predicted the first token (`predicted_ttft_s` after
+    /// now), unless the guard is dropped first (the answer ended). No
+    /// calibration sample is taken from it. The timer runs on tokio's
+    /// clock, like every wait on the request path.
+    pub(crate) fn presume_first_token(&self, predicted_ttft_s: f64) -> PresumedFirstToken {
+        let (fleet, booking) = (Arc::clone(&self.fleet), self.booking);
+        let after = Duration::from_secs_f64(predicted_ttft_s.clamp(0.0, 3600.0));
+        PresumedFirstToken(tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            fleet.first_token_unmeasured(booking, crate::clock::now());
+        }))
     }
 
     /// The request ended.
     pub(crate) fn finish(mut self, outcome: Outcome) {
         self.done = true;
         self.fleet.finish(self.booking, outcome);
+    }
+}
+
+/// A whole answer's presumed first token, still to come; dropping it
+/// (the answer ended first) cancels it.
+#[derive(Debug)]
+pub(crate) struct PresumedFirstToken(tokio::task::JoinHandle<()>);
+
+impl Drop for PresumedFirstToken {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

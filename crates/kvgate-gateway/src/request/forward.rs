@@ -5,7 +5,7 @@
 //! relay (streams) or return it whole.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tracing::Instrument;
 
 use axum::body::Body;
@@ -18,7 +18,7 @@ use crate::clock;
 use crate::doors::shed::InflightPermit;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::replica::Replica;
-use crate::request::booking::HeldBooking;
+use crate::request::booking::{HeldBooking, PresumedFirstToken};
 use crate::request::conversation;
 use crate::request::engine_client::EngineResponse;
 pub(crate) use crate::request::forwarder::Forwarder;
@@ -99,8 +99,9 @@ pub(crate) async fn forward(
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 fwd.placer.count_prompt(&p, 0);
                 record_decision(&replica, &routed);
-                let held = Held { booking, tenant: attempts.take_tenant(), permit };
-                let answered = respond(fwd, &p, replica, routed, held, resp, t0).await;
+                let tenant = attempts.take_tenant();
+                let held = Held { booking, presumed: None, tenant, permit };
+                let answered = respond(fwd, &p, replica, held, resp, t0).await;
                 return answered.unwrap_or_else(|u| unanswered(fwd, &p, u));
             }
             Err(e) => return answer(&fwd.metrics, route, "", &e),
@@ -114,17 +115,20 @@ pub(crate) async fn forward(
             attempts.exclude.push(routed.replica);
             continue;
         };
+        // A whole answer's first token is presumed from here (booking.rs).
+        let presumed = (!p.stream).then(|| booking.presume_first_token(routed.predicted_ttft_s));
         match send(fwd, &p, &replica, &fwd_headers).await {
             Ok(resp) => {
                 replica.routed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let cached = u64::from(routed.cached_blocks) * u64::from(fwd.block_size);
                 fwd.placer.count_prompt(&p, cached);
                 record_decision(&replica, &routed);
-                let held = Held { booking, tenant: attempts.take_tenant(), permit };
-                let answered = respond(fwd, &p, replica, routed, held, resp, t0).await;
+                let held = Held { booking, presumed, tenant: attempts.take_tenant(), permit };
+                let answered = respond(fwd, &p, replica, held, resp, t0).await;
                 return answered.unwrap_or_else(|u| unanswered(fwd, &p, u));
             }
             Err(err) => {
+                drop(presumed);
                 booking.finish(Outcome::Error);
                 let (reason, message) = (err.reason.label(), &err.body.error.message);
                 tracing::warn!(replica = %replica.name, %reason, error = %message, "engine failed; trying another replica");
@@ -227,6 +231,8 @@ fn response_headers(fwd: &Forwarder, replica: &Replica, upstream: &HeaderMap) ->
 /// place in the tenant queue (a pool with tenants) and its in-flight permit.
 struct Held {
     booking: HeldBooking,
+    /// A whole answer's presumed first token, until the answer ends.
+    presumed: Option<PresumedFirstToken>,
     tenant: Option<TenantTicket>,
     permit: InflightPermit,
 }
@@ -244,12 +250,11 @@ async fn respond(
     fwd: &Forwarder,
     p: &Prepared,
     replica: Arc<Replica>,
-    routed: Routed,
     held: Held,
     resp: EngineResponse,
     t0: Instant,
 ) -> Result<Response, Unanswered> {
-    let Held { booking, tenant, permit } = held;
+    let Held { booking, presumed, tenant, permit } = held;
     let status = StatusCode::from_u16(resp.status).unwrap_or(StatusCode::BAD_GATEWAY);
     let headers = response_headers(fwd, &replica, &resp.headers);
     let is_sse = resp
@@ -275,19 +280,9 @@ async fn respond(
         *r.headers_mut() = headers;
         return Ok(r);
     }
-    // Whole responses: the first token is not observable, so the booking
-    // moves to decoding when the model predicted it would (no calibration
-    // sample is taken from it).
-    let predicted = Duration::from_secs_f64(routed.predicted_ttft_s.clamp(0.0, 3600.0));
-    let body_fut = read_capped(resp.body, MAX_WHOLE_RESPONSE);
-    tokio::pin!(body_fut);
-    let body = tokio::select! {
-        b = &mut body_fut => b,
-        _ = tokio::time::sleep(predicted) => {
-            booking.first_token_unmeasured(clock::now());
-            body_fut.await
-        }
-    };
+    // A whole response: its first token was presumed (booking.rs).
+    let body = read_capped(resp.body, MAX_WHOLE_RESPONSE).await;
+    drop(presumed);
     drop(permit);
     match body {
         Ok(bytes) => {

@@ -20,5 +20,6 @@ pub(crate) mod request_error;
 pub(crate) mod response;
 pub(crate) mod route;
 pub(crate) mod stored_responses;
+pub(crate) mod stream_watch;
 pub(crate) mod tenant_queue;
 pub(crate) mod trace_context;

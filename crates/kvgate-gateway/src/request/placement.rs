@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use kvgate_index::ReplicaId;
 use kvgate_openai::ErrorResponse;
-use kvgate_router::{Decision, PdPlan, PdRefusal, RejectReason, Routed};
+use kvgate_router::{Decision, PdPlan, PdRefusal, RejectReason, RouteRequest, Routed};
 
 use crate::clock;
 use crate::doors::tenant_keys::TenantKeys;
@@ -206,6 +206,39 @@ impl Placer {
                     ErrorResponse::unavailable("a split request needs the proxy's two hops"),
                 ))
             }
+        }
+    }
+
+    /// Books `p` on `served`, where it already runs (the endpoint picker's
+    /// gateway retried it there): the same decision as any placement, with
+    /// every other replica of `all` excluded and the replica's load no reason to
+    /// wait (`RouteRequest::already_running`), so nothing holds back an
+    /// answer that is already coming. `Err` when the fleet refuses it
+    /// (`served` is down or unknown): the request runs on unbooked, and
+    /// the refusal is counted like any other (`kvgate_decisions_total`).
+    pub(crate) fn rebook(
+        &self,
+        p: &Prepared,
+        served: ReplicaId,
+        all: impl Iterator<Item = ReplicaId>,
+    ) -> Result<Routed, Box<RequestError>> {
+        let exclude: Vec<ReplicaId> = all.filter(|id| *id != served).collect();
+        let req = RouteRequest { already_running: true, ..p.route_request(None, &exclude) };
+        let t0 = Instant::now();
+        let decision = self.fleet.route(p.pool, &req, clock::now());
+        self.metrics.decide_time(t0.elapsed().as_secs_f64());
+        match decision {
+            Decision::Routed(r) => Ok(r),
+            Decision::Reject { reason, .. } => {
+                let why =
+                    format!("the fleet refused a booking on the replica serving it: {reason:?}");
+                Err(Box::new(RequestError::new(Reason::NoReplica, ErrorResponse::unavailable(why))))
+            }
+            // `already_running` never waits; refused the same if it did.
+            Decision::Wait { .. } => Err(Box::new(RequestError::new(
+                Reason::AllBusy,
+                ErrorResponse::unavailable("the fleet asked a running request to wait"),
+            ))),
         }
     }
 

@@ -103,6 +103,7 @@ impl Prepared {
             exclude,
             adapter: self.adapter.as_deref(),
             remote_kv_s_per_token: None,
+            already_running: false,
         }
     }
 

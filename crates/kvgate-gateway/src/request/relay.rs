@@ -1,9 +1,8 @@
 //! Streaming an engine's SSE answer to the client chunk by chunk, unbuffered
-//! and unchanged (the engine's `Bytes` are passed on, never copied). Until
-//! the first token, each event is parsed to see it (the booking moves to
-//! decoding, TTFT is measured); from then on only the framing is scanned,
-//! for the end: decoding every token's event cost more than the rest of the
-//! relay together.
+//! and unchanged (the engine's `Bytes` are passed on, never copied). Its
+//! first token (the booking moves to decoding, TTFT is measured) and its end
+//! come from `stream_watch.rs`, which the endpoint picker's exchange uses
+//! too.
 //!
 //! The stream never ends silently broken: an engine error, a stall longer
 //! than `stream_idle_timeout_ms`, or an end without `[DONE]` appends a
@@ -35,9 +34,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::stream::{Stream, StreamExt};
 use kvgate_openai::sse::{write_done, write_error};
-use kvgate_openai::{
-    anthropic, responses, AnswerEnd, ErrorResponse, SseFraming, SseItem, SseParser, StreamTap,
-};
+use kvgate_openai::{anthropic, responses, AnswerEnd, ErrorResponse, SseItem, SseParser};
 use kvgate_router::Outcome;
 use tokio::time::Sleep;
 
@@ -51,12 +48,9 @@ use crate::request::booking::HeldBooking;
 use crate::request::engine_client::BodyStream;
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::Api;
+use crate::request::stream_watch::{StreamWatch, MAX_EVENT_BYTES};
 use crate::request::tenant_queue::TenantTicket;
 use kvgate_tenants::Usage;
-
-/// Largest single SSE event the tap parses (bigger events pass through but
-/// are not inspected).
-const MAX_EVENT_BYTES: usize = 4 << 20;
 
 /// Bytes of a traced stream's end kept for its finish reason and output
 /// tokens: OpenAI's last chunk, usage chunk and `[DONE]`, Anthropic's
@@ -96,13 +90,10 @@ pub(crate) struct Relay {
     replica: Arc<Replica>,
     booking: Option<HeldBooking>,
     upstream: BodyStream,
-    parser: SseParser,
-    items: Vec<SseItem>,
-    tap: StreamTap,
-    framing: SseFraming,
+    /// The first token and the end, as the picker sees them too.
+    watch: StreamWatch,
     t0: Instant,
     idle: Duration,
-    first_seen: bool,
     done: bool,
     rewriter: Option<Rewriter>,
     /// The request's span: the stream is polled outside it, so its first
@@ -144,13 +135,9 @@ impl Relay {
             replica,
             booking: Some(booking),
             upstream,
-            parser: SseParser::new(MAX_EVENT_BYTES),
-            items: Vec::new(),
-            tap: StreamTap::new(),
-            framing: SseFraming::new(),
+            watch: StreamWatch::new(api),
             t0,
             idle,
-            first_seen: false,
             done: false,
             rewriter,
             tail: keep_tail.then(Tail::default),
@@ -175,7 +162,7 @@ impl Relay {
     /// Ends the stream for `why`; returns the error tail to send, if any.
     fn close(&mut self, why: End) -> Bytes {
         let (outcome, error) = match why {
-            End::Eof if self.ended() => (Outcome::Finished, None),
+            End::Eof if self.watch.ended() => (Outcome::Finished, None),
             End::Eof => {
                 let e = ErrorResponse::bad_gateway("the engine ended the stream early");
                 (Outcome::Error, Some(RequestError::new(Reason::Upstream, e)))
@@ -195,14 +182,6 @@ impl Relay {
         self.end(outcome, error)
     }
 
-    /// Whether the engine ended the stream as its API ends one.
-    fn ended(&self) -> bool {
-        match self.api {
-            Api::OpenAi => self.framing.is_done(),
-            Api::Anthropic | Api::Responses => self.framing.named_end(),
-        }
-    }
-
     /// What goes to the client for `chunk`: the engine's bytes, or with a
     /// rewriter, its complete lines rewritten.
     fn outgoing(&mut self, chunk: Bytes) -> Bytes {
@@ -213,28 +192,10 @@ impl Relay {
     }
 
     fn observe(&mut self, chunk: &[u8]) {
-        self.framing.feed(chunk);
         if let Some(t) = self.tail.as_mut() {
             t.push(chunk);
         }
-        if self.first_seen {
-            return;
-        }
-        self.items.clear();
-        // A parse failure only stops inspection; the bytes still pass.
-        if self.parser.feed(chunk, &mut self.items).is_err() {
-            return;
-        }
-        let mut output = false;
-        for item in &self.items {
-            match self.api {
-                Api::OpenAi => output |= self.tap.observe(item).first_output,
-                Api::Anthropic => output |= anthropic::is_output_event(item),
-                Api::Responses => output |= responses::is_output_event(item),
-            }
-        }
-        if !self.first_seen && (output || self.tap.has_output()) {
-            self.first_seen = true;
+        if self.watch.feed(chunk) {
             let now = now();
             if let Some(b) = self.booking.as_ref() {
                 b.first_token(now);
@@ -287,7 +248,7 @@ impl Relay {
         tracing::warn!(replica = %self.replica.name, reason, error = %e.error.message, "stream ended with an error");
         let mut out = held.to_vec();
         // Terminate a partial event first, so the error parses on its own.
-        if self.framing.mid_event() {
+        if self.watch.mid_event() {
             out.extend_from_slice(b"\n\n");
         }
         match self.api {
@@ -296,7 +257,7 @@ impl Relay {
                 write_done(&mut out);
             }
             Api::Anthropic => anthropic::write_error_event(&mut out, &e),
-            Api::Responses => responses::write_error_event(&mut out, &e, self.framing.events()),
+            Api::Responses => responses::write_error_event(&mut out, &e, self.watch.events()),
         }
         Bytes::from(out)
     }
@@ -365,7 +326,7 @@ impl Relay {
     fn finish_tenant(&mut self, output_tokens: Option<u64>) {
         let Some((ticket, input_tokens)) = self.tenant.take() else { return };
         let counted = || match self.api {
-            Api::OpenAi => Some(self.framing.events().saturating_sub(1)),
+            Api::OpenAi => Some(self.watch.events().saturating_sub(1)),
             Api::Anthropic | Api::Responses => None,
         };
         let usage = output_tokens

@@ -186,5 +186,6 @@ pub(crate) fn request<'a>(w: &'a Workload, p: usize) -> RouteRequest<'a> {
         exclude: &[],
         adapter: None,
         remote_kv_s_per_token: None,
+        already_running: false,
     }
 }

@@ -31,8 +31,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 use kvgate_index::ReplicaId;
-use kvgate_openai::{ErrorResponse, SseFraming, SseItem, SseParser, StreamTap};
-use kvgate_router::{Decision, Outcome, Routed};
+use kvgate_openai::ErrorResponse;
+use kvgate_router::{Outcome, Routed};
 use tonic::{Status, Streaming};
 
 use super::wire;
@@ -40,17 +40,15 @@ use super::EppContext;
 use crate::clock;
 use crate::doors::shed::InflightPermit;
 use crate::replicas::replica::Replica;
-use crate::request::booking::HeldBooking;
+use crate::request::booking::{HeldBooking, PresumedFirstToken};
 use crate::request::forward::report;
 use crate::request::placement::Attempts;
 use crate::request::prepare::{self, Prepared};
 use crate::request::request_error::{Reason, RequestError};
 use crate::request::route::{Api, Route};
+use crate::request::stream_watch::StreamWatch;
 use crate::request::tenant_queue::TenantTicket;
 use kvgate_tenants::Usage;
-
-/// Largest single SSE event inspected for the first token.
-const MAX_EVENT_BYTES: usize = 4 << 20;
 
 /// The answers to one stream, as the stream tonic sends: each message from
 /// the gateway is handled as the answers are asked for, on the task that
@@ -116,6 +114,8 @@ enum Stage {
 struct Placed {
     replica: Arc<Replica>,
     booking: Option<HeldBooking>,
+    /// A whole answer's presumed first token (booking.rs), until it ends.
+    presumed: Option<PresumedFirstToken>,
     /// Its place in the pool's tenant queue (`[tenants]`), finished with
     /// the booking; dropped with the stream, it is finished as cancelled.
     tenant: Option<TenantTicket>,
@@ -130,12 +130,9 @@ struct Placed {
 #[derive(Debug, Default)]
 struct Watch {
     status: u16,
-    sse: bool,
-    first_seen: bool,
-    parser: Option<SseParser>,
-    items: Vec<SseItem>,
-    tap: StreamTap,
-    framing: SseFraming,
+    /// An SSE answer's first token and end, as the proxy's relay sees them;
+    /// `None` for a whole answer.
+    stream: Option<StreamWatch>,
 }
 
 struct Exchange {
@@ -427,8 +424,16 @@ impl Exchange {
         let booking = HeldBooking::new(Arc::clone(&ctx.fleet), routed.booking);
         let api = route.map_or(Api::OpenAi, Route::api);
         let tenant = attempts.take_tenant();
-        self.placed =
-            Some(Placed { replica, booking: Some(booking), tenant, label, api, prepared: p });
+        let presumed = (!p.stream).then(|| booking.presume_first_token(routed.predicted_ttft_s));
+        self.placed = Some(Placed {
+            replica,
+            booking: Some(booking),
+            presumed,
+            tenant,
+            label,
+            api,
+            prepared: p,
+        });
         self.permit = Some(permit);
         replies
     }
@@ -443,22 +448,18 @@ impl Exchange {
         }
         let status = wire::header_str(h, ":status").and_then(|s| s.parse().ok()).unwrap_or(200);
         self.watch.status = status;
-        self.watch.sse =
+        let sse =
             wire::header_str(h, "content-type").is_some_and(|v| v.starts_with("text/event-stream"));
-        if self.watch.sse {
-            self.watch.parser = Some(SseParser::new(MAX_EVENT_BYTES));
-        }
+        let api = self.placed.as_ref().map_or(Api::OpenAi, |p| p.api);
+        self.watch.stream = sse.then(|| StreamWatch::new(api));
         let mut set = Vec::new();
         if let Some(p) = &self.placed {
+            // A whole answer's first token was presumed from the placement
+            // on (booking.rs), as the proxy presumes it.
             if status >= 500 {
                 let error = format!("the engine answered {status} through the gateway");
                 let error = RequestError::new(Reason::Status5xx, ErrorResponse::bad_gateway(error));
                 report(&self.ctx.fleet, p.replica.id, &error);
-            } else if !self.watch.sse {
-                // A whole response: its first token is not observable.
-                if let Some(b) = &p.booking {
-                    b.first_token_unmeasured(clock::now());
-                }
             }
             if self.ctx.replica_header {
                 set.push(("x-kvgate-replica", p.replica.name.clone().into_bytes()));
@@ -472,17 +473,13 @@ impl Exchange {
 
     /// The gateway says `served` answered: after a retry on a fallback, the
     /// booking moves there (the first endpoint is charged an error, as the
-    /// proxy's retry does).
-    ///
-    /// The new booking is asked of the fleet directly, for `served` alone,
-    /// not through `Placer`: the gateway has already sent the request there
-    /// and it is answering, so a wait in the admission queue (which would
-    /// hold this answer back) or a refusal cannot change where it runs. When
-    /// the fleet refuses it anyway (`served` busy: Wait; down or gone:
-    /// Reject), the router has counted that decision
-    /// (`kvgate_decisions_total`), it is logged here, and the request runs
-    /// on without a booking: the first replica's is finished either way,
-    /// since its first token and end would calibrate the wrong replica.
+    /// proxy's retry does). The new booking is placed through `Placer`
+    /// like every booking, as a request already running there
+    /// (`Placer::rebook`): the gateway has sent it and it is answering, so
+    /// that replica's load cannot make it wait. Refused (the fleet has it
+    /// down or gone), the request runs on without a booking, logged; the
+    /// first replica's is finished either way, since its first token and
+    /// end would calibrate the wrong replica.
     fn served_by(&mut self, served: &str) {
         let ctx = Arc::clone(&self.ctx);
         let Some(p) = self.placed.as_mut() else { return };
@@ -493,6 +490,7 @@ impl Exchange {
             tracing::warn!(served, "the gateway names a served endpoint kvgate does not know");
             return;
         };
+        p.presumed = None;
         if let Some(b) = p.booking.take() {
             b.finish(Outcome::Error);
         }
@@ -500,29 +498,26 @@ impl Exchange {
         let error = RequestError::new(Reason::Status5xx, ErrorResponse::bad_gateway(error));
         report(&ctx.fleet, p.replica.id, &error);
         ctx.metrics.count(error.reason);
-        let exclude: Vec<ReplicaId> =
-            ctx.replicas.all().iter().map(|r| r.id).filter(|id| *id != other.id).collect();
-        let req = p.prepared.route_request(None, &exclude);
-        match ctx.fleet.route(p.prepared.pool, &req, clock::now()) {
-            Decision::Routed(r) => {
-                p.booking = Some(HeldBooking::new(Arc::clone(&ctx.fleet), r.booking));
-            }
-            Decision::Wait { .. } => {
-                tracing::warn!(replica = %other.name, "the gateway's fallback is busy: its request runs unbooked");
-            }
-            Decision::Reject { reason, .. } => {
-                tracing::warn!(replica = %other.name, ?reason, "the fleet refused the gateway's fallback: its request runs unbooked");
+        let all = ctx.replicas.all().iter().map(|r| r.id).collect::<Vec<_>>();
+        match ctx.placer.rebook(&p.prepared, other.id, all.into_iter()) {
+            Ok(r) => p.booking = Some(HeldBooking::new(Arc::clone(&ctx.fleet), r.booking)),
+            Err(e) => {
+                let why = &e.body.error.message;
+                tracing::warn!(replica = %other.name, %why, "the gateway's fallback runs the request unbooked");
             }
         }
         p.replica = other;
     }
 
     fn response_body(&mut self, b: HttpBody) -> ProcessingResponse {
-        if self.watch.sse && !self.watch.first_seen {
-            self.watch_first_token(&b.body);
-        }
-        if self.watch.sse {
-            self.watch.framing.feed(&b.body);
+        let first = self.watch.stream.as_mut().is_some_and(|w| w.feed(&b.body));
+        if first {
+            if let Some(p) = &self.placed {
+                if let Some(b) = &p.booking {
+                    b.first_token(clock::now());
+                }
+                self.ctx.metrics.ttft(p.label, self.t0.elapsed().as_secs_f64());
+            }
         }
         let end = b.end_of_stream;
         let reply = wire::response_body(b.body, end, self.response_mode);
@@ -532,53 +527,21 @@ impl Exchange {
         reply
     }
 
-    fn watch_first_token(&mut self, chunk: &[u8]) {
-        let w = &mut self.watch;
-        let Some(parser) = w.parser.as_mut() else { return };
-        w.items.clear();
-        // A parse failure only stops inspection; the bytes still pass.
-        if parser.feed(chunk, &mut w.items).is_err() {
-            w.parser = None;
-            return;
-        }
-        let api = self.placed.as_ref().map(|p| p.api);
-        let mut output = false;
-        for item in &w.items {
-            w.tap.observe(item);
-            output |= match api {
-                Some(Api::Anthropic) => kvgate_openai::anthropic::is_output_event(item),
-                Some(Api::Responses) => kvgate_openai::responses::is_output_event(item),
-                _ => false,
-            };
-        }
-        if output || w.tap.has_output() {
-            w.first_seen = true;
-            if let Some(p) = &self.placed {
-                if let Some(b) = &p.booking {
-                    b.first_token(clock::now());
-                }
-                self.ctx.metrics.ttft(p.label, self.t0.elapsed().as_secs_f64());
-            }
-        }
-    }
-
     /// The response ended: the booking is finished, the request counted.
     fn finish_response(&mut self) {
         let Some(p) = self.placed.as_mut() else { return };
+        p.presumed = None;
         let Some(b) = p.booking.take() else { return };
         let status = self.watch.status;
-        let ended = match p.api {
-            Api::OpenAi => self.watch.framing.is_done(),
-            Api::Anthropic | Api::Responses => self.watch.framing.named_end(),
-        };
-        let ok = (200..300).contains(&status) && (!self.watch.sse || ended);
+        let stream = self.watch.stream.as_ref();
+        let ok = (200..300).contains(&status) && stream.is_none_or(StreamWatch::ended);
         b.finish(if ok { Outcome::Finished } else { Outcome::Error });
         if let Some(t) = p.tenant.take() {
             // The gateway carries the bytes and only the framing is
             // scanned: an OpenAI stream's events less `[DONE]`, one token
             // each as vLLM sends them by default; else the prompt alone.
-            let streamed = self.watch.sse && p.api == Api::OpenAi;
-            let output = streamed.then(|| self.watch.framing.events().saturating_sub(1));
+            let output =
+                stream.filter(|_| p.api == Api::OpenAi).map(|w| w.events().saturating_sub(1));
             let input_tokens = p.prepared.prompt_tokens;
             t.finish(output.map(|output_tokens| Usage { input_tokens, output_tokens }));
         }

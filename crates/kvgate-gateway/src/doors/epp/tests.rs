@@ -566,6 +566,18 @@ async fn subset_hints_restrict_the_pick_and_an_empty_one_is_503() {
     assert_eq!(unique.len(), 3);
 }
 
+/// The gateway's SSE response headers, naming `endpoint` as the one that
+/// served the request.
+async fn served_by(st: &mut Stream, endpoint: &str) {
+    let h = header_map(&[
+        (":status", "200".to_owned()),
+        ("content-type", "text/event-stream".to_owned()),
+    ]);
+    let md = metadata(wire::LB_NAMESPACE, wire::SERVED_KEY, Kind::StringValue(endpoint.to_owned()));
+    st.send(Msg::ResponseHeaders(h), Some(md)).await;
+    let Reply::ResponseHeaders(_) = st.reply().await else { panic!() };
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_served_endpoint_moves_the_booking() {
     let s = Setup::new(2, |_| {}).await;
@@ -576,13 +588,7 @@ async fn the_served_endpoint_moves_the_booking() {
     assert_eq!(s.booked_on(&chosen), 1);
     assert_eq!(s.booked_on(&other), 0);
     // The gateway retried on the other endpoint and says so.
-    let h = header_map(&[
-        (":status", "200".to_owned()),
-        ("content-type", "text/event-stream".to_owned()),
-    ]);
-    let md = metadata(wire::LB_NAMESPACE, wire::SERVED_KEY, Kind::StringValue(other.clone()));
-    st.send(Msg::ResponseHeaders(h), Some(md)).await;
-    let Reply::ResponseHeaders(_) = st.reply().await else { panic!() };
+    served_by(&mut st, &other).await;
     assert_eq!(s.booked_on(&chosen), 0, "the first endpoint keeps a booking it did not serve");
     assert_eq!(s.booked_on(&other), 1, "the served endpoint was not booked");
     let done =
@@ -598,6 +604,22 @@ async fn the_served_endpoint_moves_the_booking() {
     .await;
     let Reply::ResponseBody(_) = st.reply().await else { panic!() };
     s.wait_in_flight(0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_fallback_is_still_booked_for_the_request_it_serves() {
+    // Busy as soon as anything is queued: a new request would wait for it.
+    let s = Setup::new(2, |c| c.router.busy_pending_tokens = 1).await;
+    let (mut st, p) = s.envoy.pick(&Send::new("/v1/chat/completions", &chat("one", true))).await;
+    let (_held, p2) = s.envoy.pick(&Send::new("/v1/chat/completions", &chat("two", true))).await;
+    let chosen = p.endpoints()[0].clone();
+    let other = p2.endpoints()[0].clone();
+    assert_ne!(chosen, other, "the second request goes to the idle replica");
+    assert_eq!(s.booked_on(&other), 1);
+    // The gateway retried the first request on the busy one.
+    served_by(&mut st, &other).await;
+    assert_eq!(s.booked_on(&chosen), 0);
+    assert_eq!(s.booked_on(&other), 2, "the request running there went unbooked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
