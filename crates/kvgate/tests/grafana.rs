@@ -137,7 +137,10 @@ async fn dashboard_and_alerts_read_series_that_exist() {
     assert!(queries.len() >= 20, "{} queries", queries.len());
 
     let sim = spawn_sim(None, false, &[]);
-    let serve = spawn_serve(&[&sim], &[]);
+    // With a tenant queue, so that the tenant panels' series exist.
+    let config = std::env::temp_dir().join(format!("kvgate-grafana-{}.toml", std::process::id()));
+    std::fs::write(&config, "[tenants]\n").unwrap();
+    let serve = spawn_serve(&[&sim], &["--config", config.to_str().unwrap()]);
     wait_ready(&serve.base).await;
     let prompt = "The dashboard reads what kvgate exports. ".repeat(20);
     for stream in [false, true] {
@@ -159,6 +162,7 @@ async fn dashboard_and_alerts_read_series_that_exist() {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    let _ = std::fs::remove_file(&config);
     assert!(missing.is_empty(), "series no one exports: {missing:?}\nexported: {have:?}");
     // vLLM names its series without the `_total`, `_bucket`, `_sum` and
     // `_count` suffixes its client library adds.
