@@ -134,8 +134,10 @@ async fn lost_events_without_replay_reset_and_degrade_the_replica() {
     wait_ready(&serve.base).await;
     let (ok, failures) = send_all(&serve.base, &prompts(30, 1), 2).await;
     assert_eq!(ok, 30, "{failures:?}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(metric(&serve.base, "kvgate_event_resets_total").await >= 1.0);
+    wait_for("a reset after the lost batches", Duration::from_secs(10), async || {
+        metric(&serve.base, "kvgate_event_resets_total").await >= 1.0
+    })
+    .await;
     let r = replica_state(&serve, "r0").await;
     assert_eq!(r["health"], "degraded", "{r}");
 }
@@ -448,6 +450,8 @@ async fn tentative_blocks_expire_without_traffic() {
     );
     wait_ready(&serve.base).await;
     let prompt: Vec<u32> = (1..=64).collect();
+    // Booked after this instant: they may not expire before it + the TTL.
+    let asked = Instant::now();
     let r = client()
         .post(format!("{}/v1/completions", serve.base))
         .json(&token_completion(&prompt, 2, false))
@@ -457,8 +461,11 @@ async fn tentative_blocks_expire_without_traffic() {
     assert!(r.status().is_success(), "{}", r.status());
     let live = metric(&serve.base, "kvgate_tentative_blocks_live").await;
     assert!(live >= 4.0, "the request's blocks are tentative at first: {live}");
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert_eq!(metric(&serve.base, "kvgate_tentative_blocks_live").await, 0.0);
+    wait_for("the tentative blocks to expire", Duration::from_secs(15), async || {
+        metric(&serve.base, "kvgate_tentative_blocks_live").await == 0.0
+    })
+    .await;
+    assert!(asked.elapsed() >= Duration::from_millis(1500), "expired before their TTL");
     let expired = metric_with(
         &serve.base,
         "kvgate_tentative_blocks_total",
