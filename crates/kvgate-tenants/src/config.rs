@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, PriorityError};
 
 /// The most priority bands a configuration may have (a tenant's bands fit
 /// one `u64` mask).
@@ -60,6 +60,14 @@ pub struct BandConfig {
     pub max_queue: usize,
     /// A request that has waited this long in the band is answered 503, ms.
     pub queue_ttl_ms: u64,
+    /// The largest vLLM `priority` (lower is more urgent) that chooses this
+    /// band: a request's `priority` goes to the first band, in band order,
+    /// whose `max_priority` is at least it. Bands without it are chosen by
+    /// no priority; when no band has it, `priority` chooses no band. It is
+    /// also the priority an engine with priority scheduling is sent for a
+    /// request of this band that did not choose it with its own priority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_priority: Option<i64>,
 }
 
 /// One tenant's settings.
@@ -93,12 +101,14 @@ impl Default for TenantsConfig {
                     ttft_target_ms: 2_000,
                     max_queue: 5_000,
                     queue_ttl_ms: 60_000,
+                    max_priority: None,
                 },
                 BandConfig {
                     name: "batch".to_owned(),
                     ttft_target_ms: 30_000,
                     max_queue: 5_000,
                     queue_ttl_ms: 600_000,
+                    max_priority: None,
                 },
             ],
             tenants: BTreeMap::new(),
@@ -125,6 +135,16 @@ impl TenantsConfig {
             validate_band(band)?;
             if self.bands[..i].iter().any(|b| b.name == band.name) {
                 return Err(ConfigError::DuplicateBand(band.name.clone()));
+            }
+            let above = self.bands[..i].iter().filter_map(|b| b.max_priority).max();
+            if let (Some(above), Some(own)) = (above, band.max_priority) {
+                if own <= above {
+                    return Err(ConfigError::InvalidBand {
+                        band: band.name.clone(),
+                        reason: "max_priority must be above every max_priority of the bands \
+                                 before it (no priority could choose it)",
+                    });
+                }
             }
         }
         if self.default_tenant.is_empty() {
@@ -160,6 +180,35 @@ impl TenantsConfig {
     /// The position of a band in the strict order (0 is served first).
     pub fn band_index(&self, name: &str) -> Option<usize> {
         self.bands.iter().position(|b| b.name == name)
+    }
+
+    /// The band a request's vLLM `priority` chooses: the first band, in band
+    /// order, whose `max_priority` is at least `priority`. `Ok(None)`: no
+    /// band has a `max_priority`, so priorities choose no band.
+    pub fn band_for_priority(&self, priority: i64) -> Result<Option<usize>, PriorityError> {
+        if self.bands.iter().all(|b| b.max_priority.is_none()) {
+            return Ok(None);
+        }
+        match self.bands.iter().position(|b| b.max_priority.is_some_and(|m| m >= priority)) {
+            Some(index) => Ok(Some(index)),
+            None => Err(PriorityError {
+                priority,
+                bands: self
+                    .bands
+                    .iter()
+                    .filter_map(|b| Some(format!("{} up to {}", b.name, b.max_priority?)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    /// The priority an engine with priority scheduling is sent for a
+    /// request of band `index` that did not choose it with its own
+    /// priority: the band's `max_priority`, else its index in band order.
+    pub fn band_priority(&self, index: usize) -> i64 {
+        let band = self.bands.get(index);
+        band.and_then(|b| b.max_priority).unwrap_or(index as i64)
     }
 
     /// The settings of the default tenant (and so of every unlisted one).
@@ -294,5 +343,57 @@ mod tests {
             config.validate(),
             Err(ConfigError::TooFewTenantSlots { max: 0, needed: 1 })
         ));
+    }
+
+    fn with_priorities(maxima: [Option<i64>; 3]) -> TenantsConfig {
+        let mut config = TenantsConfig::default();
+        config.bands.push(BandConfig { name: "bulk".into(), ..config.bands[1].clone() });
+        for (band, max) in config.bands.iter_mut().zip(maxima) {
+            band.max_priority = max;
+        }
+        config
+    }
+
+    #[test]
+    fn a_priority_chooses_the_first_band_whose_max_priority_is_at_least_it() {
+        let config = with_priorities([Some(0), Some(10), None]);
+        config.validate().unwrap();
+        assert_eq!(config.band_for_priority(i64::MIN), Ok(Some(0)));
+        assert_eq!(config.band_for_priority(-5), Ok(Some(0)));
+        assert_eq!(config.band_for_priority(0), Ok(Some(0)));
+        assert_eq!(config.band_for_priority(1), Ok(Some(1)));
+        assert_eq!(config.band_for_priority(10), Ok(Some(1)));
+        let err = config.band_for_priority(11).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "priority 11 chooses no priority band (the bands take priorities interactive up \
+             to 0, batch up to 10; lower is more urgent)"
+        );
+        // The priority an engine is sent: the band's max_priority, else its index.
+        assert_eq!(config.band_priority(0), 0);
+        assert_eq!(config.band_priority(1), 10);
+        assert_eq!(config.band_priority(2), 2);
+    }
+
+    #[test]
+    fn without_max_priority_a_priority_chooses_no_band() {
+        let config = TenantsConfig::default();
+        assert_eq!(config.band_for_priority(7), Ok(None));
+        assert_eq!(config.band_for_priority(-7), Ok(None));
+        assert_eq!(config.band_priority(1), 1);
+    }
+
+    #[test]
+    fn max_priority_must_rise_in_band_order() {
+        let config = with_priorities([Some(5), None, Some(5)]);
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::InvalidBand { ref band, .. }) if band == "bulk"
+        ));
+        with_priorities([Some(5), None, Some(6)]).validate().unwrap();
+        let text = "[[bands]]\nname = \"a\"\nttft_target_ms = 1\nmax_queue = 1\n\
+                    queue_ttl_ms = 1\nmax_priority = -3\n";
+        let config: TenantsConfig = toml::from_str(text).unwrap();
+        assert_eq!(config.bands[0].max_priority, Some(-3));
     }
 }

@@ -1,4 +1,5 @@
-//! The crate's one error: a configuration that cannot be used. Everything the
+//! The crate's errors: a configuration that cannot be used, and a request
+//! priority that chooses no band. Everything the
 //! queue decides at run time (rejections, expiries, unknown ids) is a counted
 //! value, not an error.
 
@@ -57,4 +58,15 @@ pub enum ConfigError {
         /// Configured tenants plus the default tenant.
         needed: usize,
     },
+}
+
+/// A request's vLLM `priority` that chooses no band: it is above every
+/// band's `max_priority`. The caller answers 400 with this message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("priority {priority} chooses no priority band (the bands take priorities {bands}; lower is more urgent)")]
+pub struct PriorityError {
+    /// The priority asked for.
+    pub priority: i64,
+    /// The bands' names and their `max_priority`, in band order.
+    pub bands: String,
 }

@@ -22,7 +22,7 @@
 //! - `rejection.rs`: [`Rejection`]: why a request was answered unserved.
 //! - `config.rs`: [`TenantsConfig`], its defaults and validation.
 //! - `ids.rs`, `error.rs`: [`TenantId`], [`BandId`], [`RequestId`];
-//!   [`ConfigError`].
+//!   [`ConfigError`], [`PriorityError`].
 //!
 //! Invariants:
 //! - Every request offered is rejected, or admitted and then dispatched,
@@ -48,7 +48,7 @@ mod vtc;
 
 pub use config::{BandConfig, TenantConfig, TenantsConfig, MAX_BANDS};
 pub use counters::{RejectCounts, TenantCounters};
-pub use error::ConfigError;
+pub use error::{ConfigError, PriorityError};
 pub use ids::{BandId, RequestId, TenantId};
 pub use queue::{
     AdmissionQueue, Admit, Band, Cancelled, Expired, Finished, QueuedRequest, Ticket, Usage,

@@ -61,9 +61,13 @@ pub struct Band {
 pub struct Admit {
     /// Its tenant ([`AdmissionQueue::resolve`]).
     pub tenant: TenantId,
-    /// The band it asks for; never above its tenant's band (a higher one
-    /// is lowered to the tenant's). `None`: the tenant's band.
+    /// The band it asks for ([`TenantsConfig::band_for_priority`]); never
+    /// above its tenant's band (a higher one is lowered to the tenant's)
+    /// unless `may_climb`. `None`: the tenant's band.
     pub band: Option<BandId>,
+    /// Its band may be above its tenant's: a trusted front gateway (a key
+    /// that names tenants) chose it.
+    pub may_climb: bool,
     /// Prompt tokens, as kvgate counted them.
     pub input_tokens: u64,
     /// The most output tokens it may produce (its `max_tokens`, or an
@@ -324,7 +328,11 @@ impl AdmissionQueue {
         let tenant_id = admit.tenant;
         let last_band = self.bands.len() - 1;
         let tenant = &mut self.tenants[tenant_id.index()];
-        let band = admit.band.map_or(tenant.band, |b| b.max(tenant.band));
+        let band = match admit.band {
+            Some(b) if admit.may_climb => b,
+            Some(b) => b.max(tenant.band),
+            None => tenant.band,
+        };
         let band = BandId(band.0.min(last_band as u8));
         tenant.counters.arrived += 1;
         let tokens = admit.input_tokens.saturating_add(admit.max_output_tokens);

@@ -105,6 +105,7 @@ proptest! {
                     let admit = Admit {
                         tenant,
                         band: band.map(BandId),
+                        may_climb: false,
                         input_tokens: input,
                         max_output_tokens: output,
                     };

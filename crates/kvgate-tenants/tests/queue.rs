@@ -23,7 +23,7 @@ fn config(tenants: &[(&str, TenantConfig)]) -> TenantsConfig {
 }
 
 fn admit(tenant: TenantId, input_tokens: u64) -> Admit {
-    Admit { tenant, band: None, input_tokens, max_output_tokens: 100 }
+    Admit { tenant, band: None, may_climb: false, input_tokens, max_output_tokens: 100 }
 }
 
 /// A queue at `t0` with the default config and tenant "a" resolved.
@@ -73,6 +73,19 @@ fn a_request_cannot_climb_above_its_tenants_band() {
     assert_eq!(q.enqueue(asked_up, t0).unwrap().band, BATCH);
     let asked_down = Admit { band: Some(BATCH), ..admit(chat, 1) };
     assert_eq!(q.enqueue(asked_down, t0).unwrap().band, BATCH);
+}
+
+#[test]
+fn a_trusted_request_may_climb_above_its_tenants_band() {
+    let (t0, mut q, bulk) = queue_with("bulk", batch_tenant());
+    let climbing = Admit { band: Some(INTERACTIVE), may_climb: true, ..admit(bulk, 1) };
+    let ticket = q.enqueue(climbing, t0).unwrap();
+    assert_eq!(ticket.band, INTERACTIVE);
+    // It waits, and is dispatched, in the band it climbed to.
+    q.enqueue(admit(bulk, 1), t0).unwrap();
+    let first = q.next_dispatch(t0, always).unwrap();
+    assert_eq!((first.id, first.band), (ticket.id, INTERACTIVE));
+    assert_eq!(q.next_dispatch(t0, always).unwrap().band, BATCH);
 }
 
 #[test]

@@ -122,7 +122,8 @@ pub(crate) struct GatewayArgs {
     #[arg(long, env = "KVGATE_METRICS_LISTEN")]
     pub(crate) metrics_listen: Option<std::net::SocketAddr>,
     /// A vLLM replica: `URL[,events=tcp://H:P][,replay=tcp://H:P][,topic=T][,api_key=K]`
-    /// `[,block_size=N][,passthrough=kv_transfer_params|token_prompt|none][,name=N]`.
+    /// `[,block_size=N][,passthrough=kv_transfer_params|token_prompt|none]`
+    /// `[,priority_scheduling=true|false][,name=N]`.
     /// Repeatable; replaces the file's replicas. None starts simulated replicas.
     #[arg(long = "replica", value_name = "SPEC", env = "KVGATE_REPLICAS", value_delimiter = ' ')]
     pub(crate) replicas: Vec<String>,

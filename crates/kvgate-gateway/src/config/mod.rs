@@ -673,7 +673,16 @@ mod tests {
         assert_eq!(r.events.as_deref(), Some("tcp://h:5557"));
         assert_eq!(r.block_size, 32);
         assert_eq!(r.passthrough, Passthrough::None);
-        for bad in ["", "http://h,colour=red", "http://h,block_size=x", "http://h,events"] {
+        assert!(!r.priority_scheduling);
+        let r = ReplicaConfig::parse_spec("http://h:8000,priority_scheduling=true").unwrap();
+        assert!(r.priority_scheduling);
+        for bad in [
+            "",
+            "http://h,colour=red",
+            "http://h,block_size=x",
+            "http://h,events",
+            "http://h,priority_scheduling=yes",
+        ] {
             assert!(ReplicaConfig::parse_spec(bad).is_err(), "{bad}");
         }
     }

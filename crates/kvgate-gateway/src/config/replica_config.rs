@@ -59,6 +59,12 @@ pub struct ReplicaConfig {
     /// How prompt tokens are handed over.
     #[serde(default)]
     pub passthrough: Passthrough,
+    /// The engine runs `--scheduling-policy priority`: it is sent each
+    /// request's vLLM `priority` (the client's, or its band's). Without
+    /// it a client's `priority` is removed from the body, since vLLM
+    /// refuses a non-zero one without priority scheduling.
+    #[serde(default)]
+    pub priority_scheduling: bool,
     /// The server's `--data-parallel-size`: its ranks are separate caches,
     /// each a candidate of its own (`NAME#r`), with events on the port of
     /// `events` (and `replay`) plus r, as vLLM offsets them.
@@ -103,6 +109,7 @@ impl ReplicaConfig {
             api_key: None,
             block_size: default_block_size(),
             passthrough: Passthrough::default(),
+            priority_scheduling: false,
             dp_size: default_dp_size(),
             dp_rank: None,
             pool: None,
@@ -154,7 +161,7 @@ impl ReplicaConfig {
     }
 
     /// Parses the `--replica` flag:
-    /// `URL[,events=tcp://H:P][,replay=tcp://H:P][,topic=T][,api_key=K][,block_size=N][,passthrough=MODE][,name=N][,dp_size=K][,dp_rank=R][,pool=P]`.
+    /// `URL[,events=tcp://H:P][,replay=tcp://H:P][,topic=T][,api_key=K][,block_size=N][,passthrough=MODE][,priority_scheduling=BOOL][,name=N][,dp_size=K][,dp_rank=R][,pool=P]`.
     pub fn parse_spec(spec: &str) -> Result<ReplicaConfig, ConfigError> {
         let mut parts = spec.split(',');
         let url = parts.next().unwrap_or_default().trim();
@@ -216,11 +223,18 @@ impl ReplicaConfig {
                         }
                     }
                 }
+                "priority_scheduling" => {
+                    r.priority_scheduling = v.parse().map_err(|_| {
+                        ConfigError::Invalid(format!(
+                            "--replica {spec:?}: priority_scheduling must be true or false"
+                        ))
+                    })?
+                }
                 other => {
                     return Err(ConfigError::Invalid(format!(
                         "--replica {spec:?}: unknown key {other:?} (expected events, replay, \
-                         topic, api_key, block_size, passthrough, name, dp_size, dp_rank, pool, \
-                         role)"
+                         topic, api_key, block_size, passthrough, priority_scheduling, name, \
+                         dp_size, dp_rank, pool, role)"
                     )))
                 }
             }

@@ -56,6 +56,13 @@ impl TenantKeys {
         self.tenant_of(bearer(headers), named)
     }
 
+    /// Whether the key `key` may name tenants (`names_tenants`): a trusted
+    /// front gateway, whose requests' `priority` may also choose a band
+    /// above their tenant's.
+    pub(crate) fn trusted(&self, key: Option<&str>) -> bool {
+        key.and_then(|k| self.keys.get(k)).is_some_and(|(_, may_name)| *may_name)
+    }
+
     /// The tenant header's name (lower case).
     pub(crate) fn header(&self) -> &str {
         &self.header
@@ -95,5 +102,14 @@ mod tests {
         h.insert("authorization", "Bearer key-of-front".parse().unwrap());
         h.insert("x-kvgate-tenant", "initech".parse().unwrap());
         assert_eq!(k.in_headers(&h), Some("initech"));
+    }
+
+    #[test]
+    fn only_keys_that_name_tenants_are_trusted() {
+        let k = keys();
+        assert!(k.trusted(Some("key-of-front")));
+        assert!(!k.trusted(Some("key-of-acme")));
+        assert!(!k.trusted(Some("other-key")));
+        assert!(!k.trusted(None));
     }
 }

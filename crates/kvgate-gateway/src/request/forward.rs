@@ -59,7 +59,8 @@ pub(crate) async fn forward(
         }
     }
     let tenant = fwd.placer.tenant_keys.in_headers(client_headers);
-    let mut attempts = match Attempts::new(&fwd.placer, &p, exclude, tenant) {
+    let trusted = fwd.placer.tenant_keys.trusted(crate::doors::auth::bearer(client_headers));
+    let mut attempts = match Attempts::new(&fwd.placer, &p, exclude, tenant, trusted) {
         Ok(a) => a,
         Err(e) => return answer(&fwd.metrics, route, "", &e),
     };

@@ -56,7 +56,7 @@ pub(crate) async fn send(
     replica: &Replica,
     fwd_headers: &[(header::HeaderName, HeaderValue)],
 ) -> Result<EngineResponse, RequestError> {
-    send_body(fwd, p, replica, fwd_headers, p.body_for(replica.config.passthrough)).await
+    send_body(fwd, p, replica, fwd_headers, p.body_for(&replica.config)).await
 }
 
 /// [`send`] with `body` instead of the request's own (a disaggregated

@@ -151,7 +151,7 @@ async fn prefill_hop(
         tracing::warn!(replica = %replica.name, error = %why, "prefill hop failed; planning again");
         Err(HopFailure::Replica(replica.id, Some(Box::new(error))))
     };
-    let Some(body) = prefill_body(&p.body_for(replica.config.passthrough)) else {
+    let Some(body) = prefill_body(&p.body_for(&replica.config)) else {
         // The request's problem, not the replica's (which was never sent
         // anything): no hop can be made of it, so it goes whole.
         booking.finish(Outcome::Cancelled);
@@ -239,7 +239,7 @@ pub(crate) fn prefill_body(body: &Bytes) -> Option<Bytes> {
 /// plus the prompt's token ids for chat and Messages when kvgate hands them
 /// over there.
 pub(crate) fn decode_body(p: &Prepared, replica: &Replica, params: Map<String, Value>) -> Bytes {
-    let base = p.body_for(replica.config.passthrough);
+    let base = p.body_for(&replica.config);
     let Ok(mut v) = serde_json::from_slice::<Value>(&base) else { return base };
     let Some(o) = v.as_object_mut() else { return base };
     let ids = match p.route {

@@ -23,7 +23,7 @@ use crate::request::adapter_load::AdapterLoader;
 use crate::request::admission::{Admission, Ticket};
 use crate::request::prepare::Prepared;
 use crate::request::request_error::{Reason, RequestError};
-use crate::request::tenant_queue::{Dispatched, TenantTicket, Verdict};
+use crate::request::tenant_queue::{Dispatched, Offer, Refused, TenantTicket, Verdict};
 use kvgate_fleet::PoolId;
 
 /// What a placement uses: the fleet (the decision), the pools (each with
@@ -85,7 +85,9 @@ pub(crate) struct Attempts {
 impl Attempts {
     /// A new request's attempts, excluding `exclude` from the start. In a
     /// pool with tenants it is offered to the tenant queue as a request of
-    /// `tenant` (`None`: the default tenant), which may refuse it (429 over
+    /// `tenant` (`None`: the default tenant; `trusted`: its key names
+    /// tenants, so its `priority` may choose a band above its tenant's),
+    /// which may refuse it (400 for a `priority` that chooses no band, 429 over
     /// a limit). Otherwise, when someone is already waiting for a replica,
     /// it queues behind them rather than take the next free one first
     /// (`admission.rs`).
@@ -94,15 +96,29 @@ impl Attempts {
         p: &Prepared,
         exclude: Vec<ReplicaId>,
         tenant: Option<&str>,
+        trusted: bool,
     ) -> Result<Attempts, Box<RequestError>> {
         let admission = placer.admission(p.pool);
         let mut queued_since = None;
         let now = clock::now();
         let tenant = match admission.tenants() {
             Some(q) => {
-                let max_output = p.max_output.map_or(0, u64::from);
-                let t = q.enqueue(tenant, p.prompt_tokens, max_output, now);
-                Some(t.map_err(|r| Box::new(placer.tenant_refused(p.pool, &r)))?)
+                let offer = Offer {
+                    tenant,
+                    trusted,
+                    priority: p.priority,
+                    input_tokens: p.prompt_tokens,
+                    max_output_tokens: p.max_output.map_or(0, u64::from),
+                };
+                let t = q.enqueue(offer, now).map_err(|r| match r {
+                    Refused::Priority(e) => {
+                        let body = ErrorResponse::invalid_request(e.to_string());
+                        Box::new(RequestError::new(Reason::Invalid, body.with_param("priority")))
+                    }
+                    Refused::Limit(r) => Box::new(placer.tenant_refused(p.pool, &r)),
+                })?;
+                p.set_engine_priority(t.engine_priority);
+                Some(t)
             }
             None => None,
         };

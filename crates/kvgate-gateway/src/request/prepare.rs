@@ -3,7 +3,7 @@
 //! block keys, and build the body with the prompt tokens for engines that
 //! take them.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -17,7 +17,7 @@ use kvgate_tokenize::{
 };
 use serde_json::{Map, Value};
 
-use crate::config::Passthrough;
+use crate::config::{Passthrough, ReplicaConfig};
 use crate::observe::metrics::Metrics;
 use crate::replicas::fleet_handle::FleetHandle;
 use crate::replicas::pool::{Pool, Pools, Resolved};
@@ -70,6 +70,18 @@ pub(crate) struct Prepared {
     /// A Responses API request that continues a stored response: it must
     /// go to the replica holding it.
     pub(crate) continues: Option<Continuation>,
+    /// The client's vLLM `priority` (an integer; lower is more urgent).
+    pub(crate) priority: Option<i64>,
+    /// The body has a `priority` key (`null` included), which engines
+    /// without priority scheduling must not get.
+    priority_key: bool,
+    /// What engines with priority scheduling are sent as `priority`, set
+    /// once when the request is admitted (the client's, or its band's);
+    /// unset, they get the client's body as it is.
+    engine_priority: OnceLock<i64>,
+    /// The bodies rewritten for `priority`, each built once on first use:
+    /// (client's body, body with tokens) × (priority set, priority removed).
+    rewritten: [OnceLock<Bytes>; 4],
 }
 
 /// The stored response a Responses request continues (its
@@ -107,18 +119,118 @@ impl Prepared {
         }
     }
 
-    /// The body a replica with `mode` gets.
-    pub(crate) fn body_for(&self, mode: Passthrough) -> Bytes {
-        let use_tokens = match (self.route, mode) {
+    /// The body `replica` gets: with the prompt tokens as its `passthrough`
+    /// takes them, and with `priority` set to the request's engine priority
+    /// when it runs priority scheduling, else with no `priority`.
+    pub(crate) fn body_for(&self, replica: &ReplicaConfig) -> Bytes {
+        let use_tokens = match (self.route, replica.passthrough) {
             (_, Passthrough::None) => false,
             (Route::Chat | Route::Messages | Route::Responses, Passthrough::TokenPrompt) => false,
             (_, _) => true,
         };
-        match (&self.with_tokens, use_tokens) {
-            (Some(b), true) => b.clone(),
-            _ => self.original.clone(),
+        let (base, slot) = match (&self.with_tokens, use_tokens) {
+            (Some(b), true) => (b, 2),
+            _ => (&self.original, 0),
+        };
+        let set = match (replica.priority_scheduling, self.engine_priority.get()) {
+            (true, Some(&p)) if self.priority != Some(p) => Some(p),
+            (true, _) => return base.clone(),
+            (false, _) if !self.priority_key => return base.clone(),
+            (false, _) => None,
+        };
+        let slot = slot + usize::from(set.is_none());
+        self.rewritten[slot].get_or_init(|| with_priority(base, set, self.priority_key)).clone()
+    }
+
+    /// A body kvgate does not key (not a generation route), as it came:
+    /// no tokens, no prompt count, the first pool.
+    pub(crate) fn unkeyed(body: Bytes) -> Prepared {
+        Prepared {
+            pool: 0,
+            disaggregated: false,
+            route: Route::Completions,
+            tokens: None,
+            prompt_tokens: 0,
+            keys: Vec::new(),
+            max_output: Some(0),
+            stream: false,
+            session_key: None,
+            adapter: None,
+            original: body,
+            with_tokens: None,
+            continues: None,
+            priority: None,
+            priority_key: false,
+            engine_priority: OnceLock::new(),
+            rewritten: Default::default(),
         }
     }
+
+    /// Sets what engines with priority scheduling are sent as `priority`
+    /// (once; a later call changes nothing).
+    pub(crate) fn set_engine_priority(&self, priority: i64) {
+        let _ = self.engine_priority.set(priority);
+    }
+
+    /// Takes the client's `priority` from its body's top-level fields:
+    /// absent or `null` is none; anything but an integer is refused.
+    fn with_client_priority(mut self, fields: &Map<String, Value>) -> Result<Prepared, Reject> {
+        self.priority_key = fields.contains_key("priority");
+        self.priority = match fields.get("priority") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_i64().ok_or_else(|| {
+                Box::new(
+                    invalid(format!(
+                        "`priority` must be an integer (lower is more urgent), not {}",
+                        json_kind(v)
+                    ))
+                    .with_param("priority"),
+                )
+            })?),
+        };
+        Ok(self)
+    }
+}
+
+/// The JSON type of a value, for messages.
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number that is not an integer in range",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `body` with `priority` set to `set`, or removed when `set` is none.
+/// A body without the key gets it spliced in after its opening brace (no
+/// second parse of a long prompt); otherwise the object is rewritten. A
+/// body that is not a JSON object (it was parsed as one already) goes as
+/// it is.
+fn with_priority(body: &Bytes, set: Option<i64>, has_key: bool) -> Bytes {
+    if let (Some(p), false) = (set, has_key) {
+        let start = body.iter().position(|b| !b.is_ascii_whitespace());
+        if let Some(i) = start.filter(|&i| body[i] == b'{') {
+            let rest = &body[i + 1..];
+            let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+            let field = format!("\"priority\":{p}{}", if empty { "" } else { "," });
+            let mut out = Vec::with_capacity(body.len() + field.len());
+            out.extend_from_slice(&body[..=i]);
+            out.extend_from_slice(field.as_bytes());
+            out.extend_from_slice(rest);
+            return Bytes::from(out);
+        }
+    }
+    let Ok(mut fields) = serde_json::from_slice::<Map<String, Value>>(body) else {
+        return body.clone();
+    };
+    match set {
+        Some(p) => fields.insert("priority".into(), Value::from(p)),
+        None => fields.shift_remove("priority"),
+    };
+    serde_json::to_vec(&fields).map_or_else(|_| body.clone(), Bytes::from)
 }
 
 /// A client error, already in OpenAI's shape (boxed: it is large and
@@ -320,7 +432,7 @@ pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Rejec
         )),
         _ => None,
     };
-    Ok(finish(
+    finish(
         prep,
         Route::Chat,
         &identity,
@@ -330,7 +442,8 @@ pub(crate) async fn chat(prep: &Preparer, body: Bytes) -> Result<Prepared, Rejec
         session_key(&req.extra),
         body,
         with_tokens,
-    ))
+    )
+    .with_client_priority(&req.extra)
 }
 
 /// Anthropic Messages (`/v1/messages`): converted to the chat request vLLM
@@ -386,7 +499,7 @@ pub(crate) async fn messages(
     let stream = req.get("stream").and_then(Value::as_bool).unwrap_or(false);
     // Anthropic's per-user field, as `user` is chat's.
     let session = req.get("metadata").and_then(|m| m.get("user_id")).and_then(Value::as_str);
-    Ok(finish(
+    finish(
         prep,
         Route::Messages,
         &identity,
@@ -396,7 +509,8 @@ pub(crate) async fn messages(
         session.map(str::to_owned),
         body,
         with_tokens,
-    ))
+    )
+    .with_client_priority(&req)
 }
 
 /// `/v1/messages/count_tokens`: the prompt tokens vLLM would count for
@@ -472,7 +586,7 @@ pub(crate) async fn responses(prep: &Preparer, body: Bytes) -> Result<Prepared, 
         let mut p =
             finish(prep, Route::Responses, &identity, None, max_out, stream, session, body, None);
         p.continues = continues;
-        return Ok(p);
+        return p.with_client_priority(&req);
     }
     let body = aliased(body, rewrite.as_deref(), |served| {
         req.insert("model".into(), Value::String(served.to_owned()));
@@ -494,7 +608,7 @@ pub(crate) async fn responses(prep: &Preparer, body: Bytes) -> Result<Prepared, 
         let b = responses::body_with_prompt_token_ids(&body, &req, &tokens);
         Some(Bytes::from(b.map_err(|e| bad(e.to_string()))?))
     };
-    Ok(finish(
+    finish(
         prep,
         Route::Responses,
         &identity,
@@ -504,7 +618,8 @@ pub(crate) async fn responses(prep: &Preparer, body: Bytes) -> Result<Prepared, 
         session,
         body,
         with_tokens,
-    ))
+    )
+    .with_client_priority(&req)
 }
 
 /// The stored response `id` names, verified: an id kvgate did not issue,
@@ -543,7 +658,7 @@ pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared
         // the extra keys), which kvgate cannot compute: route by load and
         // forward the body as it came.
         prep.metrics.unmatched("prompt_embeds");
-        return Ok(finish(
+        return finish(
             prep,
             Route::Completions,
             &identity,
@@ -553,7 +668,8 @@ pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared
             session_key(&req.extra),
             body,
             None,
-        ));
+        )
+        .with_client_priority(&req.extra);
     }
     let add_special = req.add_special_tokens();
     // Taken, not copied (a long prompt is hundreds of kilobytes); the token
@@ -601,7 +717,7 @@ pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared
         tokens = ids;
     }
     let with_tokens = Some(Bytes::from(written));
-    Ok(finish(
+    finish(
         prep,
         Route::Completions,
         &identity,
@@ -611,7 +727,8 @@ pub(crate) async fn completions(prep: &Preparer, body: Bytes) -> Result<Prepared
         session_key(&req.extra),
         body,
         with_tokens,
-    ))
+    )
+    .with_client_priority(&req.extra)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -653,6 +770,10 @@ fn finish(
         original,
         with_tokens,
         continues: None,
+        priority: None,
+        priority_key: false,
+        engine_priority: OnceLock::new(),
+        rewritten: Default::default(),
     }
 }
 
@@ -684,5 +805,21 @@ mod tests {
             );
             assert_eq!(view.endpoint, parsed.endpoint);
         }
+    }
+
+    #[test]
+    fn priority_is_spliced_in_replaced_or_removed() {
+        let body = |s: &str| Bytes::from(s.to_owned());
+        let text = |b: Bytes| String::from_utf8(b.to_vec()).expect("utf-8");
+        let spliced = with_priority(&body(r#" {"model":"m","prompt":[1]}"#), Some(-2), false);
+        assert_eq!(text(spliced), r#" {"priority":-2,"model":"m","prompt":[1]}"#);
+        assert_eq!(text(with_priority(&body("{ }"), Some(3), false)), r#"{"priority":3 }"#);
+        let asked = body(r#"{"model":"m","priority":7,"prompt":[1]}"#);
+        assert_eq!(
+            text(with_priority(&asked, Some(3), true)),
+            r#"{"model":"m","priority":3,"prompt":[1]}"#
+        );
+        assert_eq!(text(with_priority(&asked, None, true)), r#"{"model":"m","prompt":[1]}"#);
+        assert_eq!(text(with_priority(&body("[1]"), None, true)), "[1]");
     }
 }

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvgate_tenants::{
-    AdmissionQueue, Admit, BandId, ConfigError, Rejection, RequestId, TenantCounters,
-    TenantsConfig, Usage,
+    AdmissionQueue, Admit, BandId, ConfigError, PriorityError, Rejection, RequestId,
+    TenantCounters, TenantsConfig, Usage,
 };
 use tokio::sync::Notify;
 
@@ -45,6 +45,34 @@ pub(crate) struct TenantQueue {
     /// How the last routed requests left the queue, by booking id, for the
     /// decision log (`decision_json.rs`); its own lock, taken alone.
     notes: Mutex<VecDeque<(u64, Dispatched)>>,
+    /// The configuration: which band a request's `priority` chooses, and
+    /// each band's engine priority.
+    config: TenantsConfig,
+}
+
+/// A request offered to the queue.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Offer<'a> {
+    /// Its tenant (`None`: the default tenant).
+    pub(crate) tenant: Option<&'a str>,
+    /// Its client key names tenants (a trusted front gateway): its
+    /// `priority` may choose a band above its tenant's.
+    pub(crate) trusted: bool,
+    /// The client's vLLM `priority`.
+    pub(crate) priority: Option<i64>,
+    /// Prompt tokens.
+    pub(crate) input_tokens: u64,
+    /// Output tokens reserved (`max_tokens`).
+    pub(crate) max_output_tokens: u64,
+}
+
+/// Why the queue did not admit a request.
+#[derive(Debug)]
+pub(crate) enum Refused {
+    /// Its `priority` chooses no band (400).
+    Priority(PriorityError),
+    /// A tenant or band limit (429).
+    Limit(Rejection),
 }
 
 /// Notes kept for the decision log: more than it shows (`router.explain_last`
@@ -141,6 +169,10 @@ pub(crate) struct TenantTicket {
     queue: Arc<TenantQueue>,
     pub(crate) id: RequestId,
     pub(crate) band: BandId,
+    /// The `priority` engines with priority scheduling are sent: the
+    /// client's when it chose the band the request waits in, else the
+    /// band's ([`TenantsConfig::band_priority`]).
+    pub(crate) engine_priority: i64,
     /// When its band's TTL runs out.
     pub(crate) deadline: Instant,
     /// Taken from the queue to an engine.
@@ -161,6 +193,7 @@ impl TenantQueue {
             epoch: AtomicU64::new(0),
             waiting: AtomicUsize::new(0),
             notes: Mutex::new(VecDeque::with_capacity(NOTES)),
+            config: config.clone(),
         })
     }
 
@@ -178,24 +211,39 @@ impl TenantQueue {
         }
     }
 
-    /// Offers a request of tenant `name` (`None`: the default tenant).
+    /// Offers a request. Its `priority` chooses its band (lowered to its
+    /// tenant's band unless `trusted`); none, its tenant's band.
     pub(crate) fn enqueue(
         self: &Arc<Self>,
-        name: Option<&str>,
-        input_tokens: u64,
-        max_output_tokens: u64,
+        offer: Offer<'_>,
         now: Instant,
-    ) -> Result<TenantTicket, Rejection> {
+    ) -> Result<TenantTicket, Refused> {
+        let asked = match offer.priority {
+            Some(p) => self.config.band_for_priority(p).map_err(Refused::Priority)?,
+            None => None,
+        };
+        let band = asked.map(|b| BandId(b as u8));
         let mut inner = lock(&self.inner);
-        let tenant = inner.queue.resolve(name);
-        let admit = Admit { tenant, band: None, input_tokens, max_output_tokens };
-        let ticket = inner.queue.enqueue(admit, now)?;
+        let tenant = inner.queue.resolve(offer.tenant);
+        let admit = Admit {
+            tenant,
+            band,
+            may_climb: offer.trusted,
+            input_tokens: offer.input_tokens,
+            max_output_tokens: offer.max_output_tokens,
+        };
+        let ticket = inner.queue.enqueue(admit, now).map_err(Refused::Limit)?;
         let deadline = now + inner.queue.band(ticket.band).queue_ttl;
         self.waiting.store(inner.queue.waiting(), Ordering::Relaxed);
+        let engine_priority = match offer.priority {
+            Some(p) if band == Some(ticket.band) => p,
+            _ => self.config.band_priority(ticket.band.index()),
+        };
         Ok(TenantTicket {
             queue: Arc::clone(self),
             id: ticket.id,
             band: ticket.band,
+            engine_priority,
             deadline,
             dispatched: false,
             done: false,

@@ -75,6 +75,7 @@ impl Workload {
         let admit = Admit {
             tenant: self.tenants[r as usize % TENANTS],
             band: None,
+            may_climb: false,
             input_tokens: 256 + (r >> 20) % 4_096,
             max_output_tokens: 256,
         };

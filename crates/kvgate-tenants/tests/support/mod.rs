@@ -114,6 +114,7 @@ pub fn config(sources: &[Source]) -> TenantsConfig {
             ttft_target_ms: 1_000,
             max_queue: 1_000_000,
             queue_ttl_ms: 1_000_000_000,
+            max_priority: None,
         }],
         ..TenantsConfig::default()
     };
@@ -204,6 +205,7 @@ pub fn run_with(sources: &[Source], setup: &Setup) -> Outcome {
                     let admit = Admit {
                         tenant: tenant_ids[instance][t],
                         band: None,
+                        may_climb: false,
                         input_tokens: s.input_tokens,
                         max_output_tokens: output,
                     };

@@ -361,7 +361,8 @@ impl Exchange {
         // a key that may name tenants.
         let named = wire::header_str(&headers, ctx.placer.tenant_keys.header());
         let tenant = ctx.placer.tenant_keys.tenant_of(token, named);
-        let mut attempts = match Attempts::new(&ctx.placer, &p, exclude, tenant) {
+        let trusted = ctx.placer.tenant_keys.trusted(token);
+        let mut attempts = match Attempts::new(&ctx.placer, &p, exclude, tenant, trusted) {
             Ok(a) => a,
             Err(e) => return vec![self.refuse(route, *e)],
         };
@@ -387,7 +388,7 @@ impl Exchange {
         ctx.placer.count_prompt(&p, cached);
         let endpoints = endpoint_list(&ctx, &replica.endpoint, &routed, &attempts.exclude);
         let forwarded = if ctx.config.token_passthrough && route.is_some() {
-            p.body_for(replica.config.passthrough)
+            p.body_for(&replica.config)
         } else {
             p.original.clone()
         };
@@ -555,21 +556,7 @@ impl Exchange {
 /// A request kvgate does not key (not a generation route): placed by load
 /// alone in the first pool, its body passed on as it came.
 fn unkeyed(body: Bytes) -> Prepared {
-    Prepared {
-        pool: 0,
-        disaggregated: false,
-        route: Route::Completions,
-        tokens: None,
-        prompt_tokens: 0,
-        keys: Vec::new(),
-        max_output: Some(0),
-        stream: false,
-        session_key: None,
-        adapter: None,
-        original: body,
-        with_tokens: None,
-        continues: None,
-    }
+    Prepared::unkeyed(body)
 }
 
 /// The chosen endpoint, then up to `epp.fallbacks` others from the

@@ -1,7 +1,8 @@
 //! Tenants on the request path (`[tenants]`), against the fake engine: a
 //! key's tenant and the tenant header, the in-flight limit's 429, the
 //! queue TTL's 503, a client that goes away, the counts, and fair dispatch
-//! between a noisy and a quiet tenant on a saturated fleet. The fleet is
+//! between a noisy and a quiet tenant on a saturated fleet, and the band a
+//! request's `priority` chooses and what the engine is sent. The fleet is
 //! one replica that is busy while any request is in prefill
 //! (`router.busy_pending_tokens = 1`), and each request's stream is fed by
 //! the test, so the fleet frees exactly when a test sends a first token.
@@ -35,6 +36,14 @@ const QUIET: &str = "key-of-quiet-0";
 async fn tenants_gateway(
     tweak: impl FnOnce(&mut TenantsSection),
 ) -> (Arc<ApiContext>, Arc<FakeEngines>) {
+    tenants_gateway_on(false, tweak).await
+}
+
+/// [`tenants_gateway`] whose engine runs priority scheduling or not.
+async fn tenants_gateway_on(
+    priority_scheduling: bool,
+    tweak: impl FnOnce(&mut TenantsSection),
+) -> (Arc<ApiContext>, Arc<FakeEngines>) {
     let key = |key: &str, tenant: &str, names_tenants| TenantKey {
         key: key.into(),
         tenant: tenant.into(),
@@ -61,6 +70,7 @@ async fn tenants_gateway(
         c.monitor.health_interval_ms = 86_400_000;
         c.monitor.metrics_interval_ms = 86_400_000;
         c.tenants = Some(section);
+        c.replicas[0].priority_scheduling = priority_scheduling;
         c.validate().expect("a valid configuration");
     };
     gateway(&["a:1"], setup).await
@@ -74,6 +84,17 @@ fn send(
     named: Option<&str>,
     first: u32,
 ) -> JoinHandle<(u16, HeaderMap, String)> {
+    send_with(api, key, named, first, None)
+}
+
+/// [`send`] with the body's `priority` set to `priority`, if given.
+fn send_with(
+    api: &Arc<ApiContext>,
+    key: Option<&str>,
+    named: Option<&str>,
+    first: u32,
+    priority: Option<i64>,
+) -> JoinHandle<(u16, HeaderMap, String)> {
     let mut headers = HeaderMap::new();
     if let Some(k) = key {
         headers.insert("authorization", format!("Bearer {k}").parse().expect("header"));
@@ -83,12 +104,10 @@ fn send(
     }
     let api = Arc::clone(api);
     tokio::spawn(async move {
-        let body = serde_json::json!({
-            "model": api.pools.all()[0].model.served_name,
-            "prompt": (first..first + 64).collect::<Vec<u32>>(),
-            "max_tokens": 4,
-            "stream": true,
-        });
+        let mut body = completion_body(&api, first);
+        if let Some(p) = priority {
+            body["priority"] = p.into();
+        }
         let body = Bytes::from(body.to_string());
         let p = crate::request::prepare::completions(&api.preparer, body).await.expect("prepared");
         let permit =
@@ -98,6 +117,16 @@ fn send(
         let headers = resp.headers().clone();
         let body = axum::body::to_bytes(resp.into_body(), usize::MAX).await.expect("body");
         (status, headers, String::from_utf8(body.to_vec()).expect("utf-8"))
+    })
+}
+
+/// A streamed completion whose prompt starts with token `first`.
+fn completion_body(api: &ApiContext, first: u32) -> serde_json::Value {
+    serde_json::json!({
+        "model": api.pools.all()[0].model.served_name,
+        "prompt": (first..first + 64).collect::<Vec<u32>>(),
+        "max_tokens": 4,
+        "stream": true,
     })
 }
 
@@ -151,6 +180,22 @@ async fn in_prefill(
     let first = send(api, Some(key), None, 1);
     until("the first request is at the engine", || fake.seen().len() == 1).await;
     (tx, first)
+}
+
+/// Completes each fed stream in turn once its request is at the engine
+/// (the busy fleet takes one at a time); every request is answered 200.
+async fn serve_one_at_a_time(
+    fake: &FakeEngines,
+    senders: Vec<UnboundedSender<&'static str>>,
+    requests: Vec<JoinHandle<(u16, HeaderMap, String)>>,
+) {
+    for (k, tx) in senders.into_iter().enumerate() {
+        until("the next is dispatched", || fake.seen().len() == k + 1).await;
+        complete_stream(tx);
+    }
+    for r in requests {
+        assert_eq!(r.await.expect("request").0, 200);
+    }
 }
 
 /// Sends a fed stream's first token and its end.
@@ -272,13 +317,7 @@ async fn a_noisy_tenant_does_not_starve_a_quiet_one() {
         requests.push(send(&api, Some(QUIET), None, 2000 + 100 * i));
     }
     until("quiet's requests wait", || tenant(&api, "quiet").queue_depth == 2).await;
-    for (k, tx) in senders.into_iter().enumerate() {
-        until("the next is dispatched", || fake.seen().len() == k + 1).await;
-        complete_stream(tx);
-    }
-    for r in requests {
-        assert_eq!(r.await.expect("request").0, 200);
-    }
+    serve_one_at_a_time(&fake, senders, requests).await;
     let order: Vec<&str> = fake
         .seen()
         .iter()
@@ -304,5 +343,97 @@ async fn a_noisy_tenant_does_not_starve_a_quiet_one() {
     assert_eq!((noisy.finished, quiet.finished), (6, 2));
     assert_eq!((noisy.input_tokens, quiet.input_tokens), (6 * 64, 2 * 64));
     assert_eq!((noisy.output_tokens, quiet.output_tokens), (6, 2), "one token each");
+    assert_balanced(&api);
+}
+
+/// Bands `interactive` (priorities up to 0) and `batch` (up to 10), with
+/// `noisy` and `front` tenants of `batch`.
+fn priority_bands(s: &mut TenantsSection) {
+    s.queue.output_weight = 0.0;
+    s.queue.bands[0].max_priority = Some(0);
+    s.queue.bands[1].max_priority = Some(10);
+    for tenant in ["noisy", "front"] {
+        let batch = TenantConfig { band: Some("batch".into()), ..TenantConfig::default() };
+        s.queue.tenants.insert(tenant.into(), batch);
+    }
+}
+
+/// Each request the engine got, by the first token of its prompt: its
+/// `priority` (`None`: the body has none).
+fn engine_priorities(fake: &FakeEngines) -> Vec<(u64, Option<i64>)> {
+    let seen = fake.seen();
+    let parsed = seen.iter().map(|s| serde_json::from_slice::<serde_json::Value>(&s.body));
+    parsed
+        .map(|b| {
+            let b = b.expect("json");
+            (b["prompt"][0].as_u64().unwrap_or(0), b.get("priority").and_then(|p| p.as_i64()))
+        })
+        .collect()
+}
+
+/// On a busy replica with priority scheduling: acme (interactive) asks for
+/// priority 5 and waits in batch; noisy (batch) asks for -1 and stays in
+/// batch; the front gateway's key may climb, so its -1 waits in
+/// interactive; quiet sends none and waits in its tenant's interactive.
+/// The interactive two go first though they came last, and the engine gets
+/// the client's priority where it chose the band, else the band's.
+#[tokio::test(start_paused = true)]
+async fn a_requests_priority_chooses_its_band_but_only_a_trusted_key_climbs() {
+    let (api, fake) = tenants_gateway_on(true, priority_bands).await;
+    let senders: Vec<_> = (0..5).map(|_| feed(&fake)).collect();
+    let first = send(&api, Some(QUIET), None, 1);
+    until("the first request is at the engine", || fake.seen().len() == 1).await;
+    let mut requests = vec![first];
+    let waiting = [(NOISY, Some(-1), 1000), (ACME, Some(5), 3000), (FRONT, Some(-1), 4000)];
+    for (i, (key, priority, prompt)) in waiting.into_iter().enumerate() {
+        requests.push(send_with(&api, Some(key), None, prompt, priority));
+        let queued = i + 1;
+        let depth = || tenants(&api).iter().map(|t| t.queue_depth).sum::<u64>() as usize;
+        until("the request waits", || depth() == queued).await;
+    }
+    requests.push(send(&api, Some(QUIET), None, 2000));
+    until("quiet's second waits", || tenant(&api, "quiet").queue_depth == 1).await;
+    serve_one_at_a_time(&fake, senders, requests).await;
+    let seen = engine_priorities(&fake);
+    assert_eq!(seen[0], (1, Some(0)), "no priority sent: interactive's");
+    let mut interactive = seen[1..3].to_vec();
+    interactive.sort_unstable();
+    assert_eq!(interactive, [(2000, Some(0)), (4000, Some(-1))], "{seen:?}");
+    let mut batch = seen[3..].to_vec();
+    batch.sort_unstable();
+    assert_eq!(batch, [(1000, Some(10)), (3000, Some(5))], "{seen:?}");
+    assert_balanced(&api);
+}
+
+/// Without priority scheduling the engine never sees the client's
+/// `priority`; a priority beyond every band, or not an integer, is a 400.
+#[tokio::test(start_paused = true)]
+async fn priority_is_removed_for_other_engines_and_a_bad_one_is_refused() {
+    let (api, fake) = tenants_gateway_on(false, priority_bands).await;
+    let (status, _, body) = send_with(&api, Some(QUIET), None, 1, Some(5)).await.expect("request");
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = send(&api, Some(QUIET), None, 100).await.expect("request");
+    assert_eq!(status, 200, "{body}");
+    let seen = fake.seen();
+    let bodies: Vec<serde_json::Value> =
+        seen.iter().map(|s| serde_json::from_slice(&s.body).expect("json")).collect();
+    assert_eq!(bodies.len(), 2);
+    assert!(bodies.iter().all(|b| b.get("priority").is_none()), "{bodies:?}");
+    assert_eq!(tenant(&api, "quiet").finished, 2);
+
+    let (status, _, body) = send_with(&api, Some(QUIET), None, 1, Some(11)).await.expect("request");
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("priority 11 chooses no priority band"), "{body}");
+    assert!(body.contains("interactive up to 0, batch up to 10"), "{body}");
+    assert_eq!(tenant(&api, "quiet").arrived, 2, "a refused priority is not offered");
+
+    for bad in [serde_json::json!(1.5), serde_json::json!("high")] {
+        let mut request = completion_body(&api, 1);
+        request["priority"] = bad;
+        let request = Bytes::from(request.to_string());
+        let refused = crate::request::prepare::completions(&api.preparer, request).await;
+        let err = refused.expect_err("a non-integer priority is refused");
+        assert!(err.error.message.contains("`priority` must be an integer"), "{err:?}");
+    }
     assert_balanced(&api);
 }
